@@ -1,0 +1,1 @@
+"""The Triton GEMM template and its torch reference."""

@@ -1,0 +1,127 @@
+"""Host side of the template: operand layouts, TMA descriptors, workspace, launch.
+
+`launch` trusts its arguments (shapes, dtypes and devices are checked by `gnn_policy.ops`);
+what it checks is whether the config's load variant can serve these particular tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from gnn_policy.kernels.matmul import ACTIVATIONS, even_k, grid, matmul_kernel
+from gnn_policy.space import TileConfig, Violation
+
+TMA_ALIGN = 16  # bytes: base address and every non-innermost stride of a tensor map
+
+
+class LayoutError(ValueError):
+    """The config's load variant cannot read these tensors (e.g. TMA on unaligned strides)."""
+
+    def __init__(self, violation: Violation):
+        super().__init__(str(violation))
+        self.violation = violation
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """A [batch?, rows, cols] operand seen as the kernel sees it."""
+
+    tensor: torch.Tensor
+    batch_stride: int  # 0 when the operand is broadcast over the batch
+    stride_outer: int  # stride of dim -2
+    stride_inner: int  # stride of dim -1
+
+
+def _operand(t: torch.Tensor, batch: int) -> Operand:
+    batch_stride = t.stride(0) if t.dim() == 3 and t.shape[0] > 1 else 0
+    return Operand(t, batch_stride if batch > 1 else 0, t.stride(-2), t.stride(-1))
+
+
+def _descriptor(name: str, op: Operand, block_rows: int, block_cols: int,
+                batch: int) -> tuple[TensorDescriptor, int]:
+    """A 2-D tensor map over the operand's contiguous layout, batches folded into rows.
+
+    The map is always [rows, cols] with cols contiguous, so a transposed operand is described
+    through its transpose. Returns the descriptor and the row offset of one batch.
+    """
+    t = op.tensor
+    if op.stride_inner == 1:
+        rows, cols, row_stride = t.shape[-2], t.shape[-1], op.stride_outer
+    else:
+        rows, cols, row_stride = t.shape[-1], t.shape[-2], op.stride_inner
+    esize = t.element_size()
+    if t.data_ptr() % TMA_ALIGN or (row_stride * esize) % TMA_ALIGN:
+        raise LayoutError(Violation("tma-alignment", (
+            f"{name} needs a 16-byte aligned base and row stride for TMA; got a row stride of "
+            f"{row_stride} x {esize} bytes; use variant='ptr'")))
+    folded = batch if op.batch_stride else 1
+    if folded > 1 and op.batch_stride != rows * row_stride:
+        raise LayoutError(Violation("tma-batch-stride", (
+            f"{name}'s batches are not contiguous rows (batch stride {op.batch_stride}, "
+            f"expected {rows * row_stride}); use variant='ptr'")))
+    desc = TensorDescriptor(t, [folded * rows, cols], [row_stride, 1], [block_rows, block_cols])
+    return desc, (rows if folded > 1 else 0)
+
+
+def _k_major(name: str, op: Operand, k_dim: int) -> bool:
+    """Whether K is the operand's contiguous dimension (TMA needs one unit-stride dimension)."""
+    if op.stride_inner == 1:
+        return k_dim == -1
+    if op.stride_outer == 1:
+        return k_dim == -2
+    raise LayoutError(Violation("tma-layout", (
+        f"{name} has no unit-stride dimension (strides {tuple(op.tensor.stride())}); "
+        "use variant='ptr'")))
+
+
+def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,
+           activation: str | None, residual: torch.Tensor | None, out: torch.Tensor | None = None,
+           compile_only: bool = False) -> torch.Tensor:
+    """Run the template for a [B?, M, K] @ [B?, K, N] problem and return C.
+
+    `out` (contiguous, C's shape) is written in place; `compile_only` compiles the kernel for
+    these arguments into Triton's cache without running it.
+    """
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    out_shape = (batch, m, n) if max(a.dim(), b.dim()) == 3 else (m, n)
+    c = torch.empty(out_shape, device=a.device, dtype=a.dtype) if out is None else out
+    pa, pb = _operand(a, batch), _operand(b, batch)
+    c3 = c.view(batch, m, n)
+    kw = dict(A_K_MAJOR=True, B_K_MAJOR=False, MASK_A_K=False, MASK_B_K=False)
+    a_desc = b_desc = None
+    a_rows = b_rows = 0
+    if config.variant == "tma":
+        a_kmaj = _k_major("A", pa, -1)
+        b_kmaj = _k_major("B", pb, -2)
+        a_box = (config.block_m, config.block_k) if a_kmaj else (config.block_k, config.block_m)
+        b_box = (config.block_n, config.block_k) if b_kmaj else (config.block_k, config.block_n)
+        a_desc, a_rows = _descriptor("A", pa, *a_box, batch)
+        b_desc, b_rows = _descriptor("B", pb, *b_box, batch)
+        tail = k % config.block_k != 0
+        kw = dict(A_K_MAJOR=a_kmaj, B_K_MAJOR=b_kmaj,
+                  MASK_A_K=tail and not a_kmaj and a_rows > 0,
+                  MASK_B_K=tail and not b_kmaj and b_rows > 0)
+    ws = lock = c
+    g = grid(config, m, n, batch)
+    if config.split_k > 1:
+        ws = torch.empty((batch, config.split_k, m, n), device=a.device, dtype=torch.float32)
+        lock = torch.zeros((batch * g[0],), device=a.device, dtype=torch.int32)
+    r = residual.expand(c.shape).reshape(batch, m, n) if residual is not None else None
+    rs = r.stride() if r is not None else (0, 0, 0)
+    tf32 = a.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 or a.device.type == "cpu"
+    kernel = matmul_kernel[g] if not compile_only else functools.partial(matmul_kernel.warmup, grid=g)
+    kernel(
+        a, b, a_desc, b_desc, c3, bias if bias is not None else c, r if r is not None else c, ws, lock,
+        m, n, k, pa.batch_stride, a.stride(-2), a.stride(-1), pb.batch_stride, b.stride(-2), b.stride(-1),
+        *c3.stride(), *rs, a_rows, b_rows,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT_K=config.split_k, GROUP_M=config.group_m, USE_TMA=config.variant == "tma",
+        EVEN_K=even_k(config, k), ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None, DOT_PRECISION="tf32" if tf32 else "ieee",
+        num_warps=config.num_warps, num_stages=config.num_stages, **kw)
+    return c

@@ -1,0 +1,73 @@
+"""Check a config against torch, then time it; the same for cuBLAS.
+
+Correct first: a config's output is compared with a float64 reference on fresh random inputs,
+into an output poisoned with NaN, so an unwritten element can never pass. Only then is it
+timed, with the one method of `timing.time_graph` on rotated input sets.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from graphs import GemmProblem
+from gnn_policy.kernels.launch import launch
+from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error
+from gnn_policy.measure.inputs import make_inputs
+from gnn_policy.measure.timing import Timing, rotation_count, time_graph
+from gnn_policy.space import TileConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    error: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.tolerance
+
+
+class Bench:
+    """Inputs, reference and rotated input sets of one problem on the local GPU."""
+
+    def __init__(self, problem: GemmProblem, l2_bytes: int, seed: int = 0):
+        self.problem = problem
+        self.check_args = make_inputs(problem, "cuda", seed=seed)
+        self.ref = reference(**self.check_args)
+        calls = rotation_count(problem.bytes_min(), l2_bytes)
+        self.sets = [make_inputs(problem, "cuda", seed=seed + 1 + i) for i in range(calls)]
+        self.out_shape = tuple(self.ref.shape)
+
+    def check(self, config: TileConfig) -> Checked:
+        args = self.check_args
+        out = torch.full(self.out_shape, float("nan"), dtype=args["a"].dtype, device="cuda")
+        launch(args["a"], args["b"], config, bias=args["bias"], activation=args["activation"],
+               residual=args["residual"], out=out)
+        err = relative_error(out, self.ref)
+        return Checked(err, TOLERANCE[args["a"].dtype])
+
+    def time(self, config: TileConfig, replays: int = 20) -> Timing:
+        outs = [torch.empty(self.out_shape, dtype=s["a"].dtype, device="cuda") for s in self.sets]
+
+        def run(i: int) -> None:
+            s = self.sets[i]
+            launch(s["a"], s["b"], config, bias=s["bias"], activation=s["activation"],
+                   residual=s["residual"], out=outs[i])
+
+        return time_graph(run, len(self.sets), replays=replays)
+
+    def time_cublas(self, replays: int = 20) -> Timing:
+        """torch.matmul, plus the epilogue as separate torch ops (what a model would run)."""
+        def run(i: int) -> None:
+            s = self.sets[i]
+            out = torch.matmul(s["a"], s["b"])
+            if s["bias"] is not None:
+                out = out + s["bias"]
+            if s["activation"] is not None:
+                out = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}[s["activation"]](out)
+            if s["residual"] is not None:
+                out = out + s["residual"]
+
+        return time_graph(run, len(self.sets), replays=replays)

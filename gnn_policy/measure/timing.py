@@ -1,0 +1,76 @@
+"""One timing method for every GEMM this project reports: CUDA-graph replays timed by events.
+
+Measured on the H200: `triton.testing.do_bench` read 8-48% lower than graph replay, so every
+figure here (ours, cuBLAS, baselines) goes through `time_graph`. Inputs are rotated: the
+graph calls the kernel once per input set, with enough sets that together they exceed the L2
+twice over, so a small problem is timed from HBM as it would run inside a model, not from L2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Callable, Sequence
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Per-call time of one (problem, implementation): median and spread over graph replays."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    replays: int
+    calls_per_replay: int
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: the relative noise of this measurement."""
+        return (self.p90_ms - self.p10_ms) / self.median_ms
+
+    def tflops(self, flops: float) -> float:
+        return flops / (self.median_ms * 1e-3) / 1e12
+
+
+def rotation_count(bytes_per_call: int, l2_bytes: int, cap: int = 64) -> int:
+    """Input sets needed so that one replay streams at least twice the L2 from memory."""
+    return max(1, min(cap, -(-2 * l2_bytes // max(1, bytes_per_call))))
+
+
+def time_graph(fn: Callable[[int], object], calls: int, *, replays: int = 20,
+               warmup: int = 2, stream: torch.cuda.Stream | None = None) -> Timing:
+    """Time `fn(i)` for i in range(calls), captured once as a CUDA graph and replayed.
+
+    `fn(i)` must use the i-th input set. The first eager calls compile and warm up; the
+    graph is captured on `stream` (a side stream by default, as capture requires).
+    """
+    stream = stream or torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for i in range(calls):
+                fn(i)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(calls):
+            fn(i)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    with torch.cuda.stream(stream):
+        graph.replay()  # first replay uploads the graph
+        for s, e in zip(starts, ends):
+            s.record(stream)
+            graph.replay()
+            e.record(stream)
+    stream.synchronize()
+    per_call = sorted(s.elapsed_time(e) / calls for s, e in zip(starts, ends))
+    q = statistics.quantiles(per_call, n=10) if len(per_call) > 1 else per_call * 9
+    del graph
+    return Timing(statistics.median(per_call), q[0], q[-1], replays, calls)
+
+
+def rotated_inputs(make: Callable[[], Sequence[torch.Tensor]], bytes_per_call: int,
+                   l2_bytes: int) -> list[Sequence[torch.Tensor]]:
+    """`rotation_count` fresh input sets from `make`."""
+    return [make() for _ in range(rotation_count(bytes_per_call, l2_bytes))]

@@ -1,0 +1,161 @@
+"""`gnn_policy.matmul`: the public entry to the Triton template.
+
+It checks its arguments and says what is wrong, picks the config (the one given, or a
+default), validates it against the local GPU's spec and launches the kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+
+import torch
+
+import hardware_specs
+from gnn_policy.kernels.launch import LayoutError, launch
+from gnn_policy.kernels.matmul import ACTIVATIONS, matmul_kernel
+from gnn_policy.space import TileConfig, Violation, violations
+
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# Triton swaps @jit functions for interpreted ones when TRITON_INTERPRET=1 at import time.
+INTERPRETED = type(matmul_kernel).__name__ == "InterpretedFunction"
+
+
+class InvalidConfigError(ValueError):
+    """The config breaks validity rules for this GPU and problem; `violations` lists them."""
+
+    def __init__(self, config: TileConfig, gpu: str, found: list[Violation]):
+        rules = "; ".join(str(v) for v in found)
+        super().__init__(f"config {config.key} is invalid on {gpu}: {rules}")
+        self.violations = found
+
+
+@functools.lru_cache(maxsize=None)
+def _detect(index: int) -> hardware_specs.GpuSpec:
+    return hardware_specs.detect(index)
+
+
+def gpu_for(device: torch.device) -> hardware_specs.GpuSpec:
+    """The spec whose rules apply to tensors on `device`.
+
+    Under Triton's interpreter (CPU tensors) there is no GPU to ask, so the rules of
+    $GNN_POLICY_GPU apply (default: the H200 this project measures on).
+    """
+    if device.type == "cuda":
+        return _detect(device.index if device.index is not None else torch.cuda.current_device())
+    return hardware_specs.load(os.environ.get("GNN_POLICY_GPU", "h200"))
+
+
+def _check_args(a, b, bias, activation, residual) -> tuple[int, int, int, tuple[int, ...]]:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"matmul: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() not in (2, 3):
+            raise ValueError(f"matmul: {name} must be 2-D or 3-D (batch first), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPE_NAMES:
+            raise TypeError(f"matmul: unsupported dtype {t.dtype} for {name}; supported: "
+                            f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"matmul: a is {a.dtype} but b is {b.dtype}; both must have one dtype")
+    m, k = a.shape[-2:]
+    k2, n = b.shape[-2:]
+    if k != k2:
+        raise ValueError(f"matmul: shape mismatch: a {tuple(a.shape)} has K={k} but b "
+                         f"{tuple(b.shape)} has K={k2}")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"matmul: batch mismatch: a has {a.shape[0]}, b has {b.shape[0]}")
+    if min(m, n, k) < 1:
+        raise ValueError(f"matmul: M, N and K must be >= 1, got M={m}, N={n}, K={k}")
+    batch = max(a.shape[0] if a.dim() == 3 else 0, b.shape[0] if b.dim() == 3 else 0)
+    out_shape = (batch, m, n) if batch else (m, n)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"matmul: unknown activation {activation!r}; choose from "
+                         f"{', '.join(repr(x) for x in ACTIVATIONS)}")
+    extras = {"bias": bias, "residual": residual}
+    for name, t in extras.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"matmul: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.dtype != a.dtype:
+            raise TypeError(f"matmul: {name} is {t.dtype} but a and b are {a.dtype}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"matmul: bias must have shape ({n},) for N={n}, got {tuple(bias.shape)}")
+    if residual is not None and torch.broadcast_shapes(residual.shape, out_shape) != out_shape:
+        raise ValueError(f"matmul: residual of shape {tuple(residual.shape)} does not broadcast "
+                         f"to the output shape {out_shape}")
+    devices = {name: t.device for name, t in (("a", a), ("b", b), *extras.items()) if t is not None}
+    if len(set(devices.values())) > 1:
+        where = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+        raise ValueError(f"matmul: tensors on different devices: {where}")
+    if a.device.type == "cpu" and not INTERPRETED:
+        raise ValueError("matmul: tensors are on the CPU; move them to a CUDA device, or set "
+                         "TRITON_INTERPRET=1 before importing gnn_policy to use Triton's interpreter")
+    if a.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"matmul: device {a.device} is not supported (CUDA, or CPU under the interpreter)")
+    return m, n, k, out_shape
+
+
+@functools.lru_cache(maxsize=4096)
+def default_config(m: int, n: int, k: int, dtype: str, gpu: hardware_specs.GpuSpec,
+                   batch: int = 1) -> TileConfig:
+    """The config used when none is given, until the policy picks (documented in the README).
+
+    Small M (<= 64): a 16/32/64-row tile, 64 columns, BLOCK_K 128, and split-K doubled while
+    the grid has fewer programs than SMs and each slice keeps >= 4 K tiles. Otherwise
+    128x256x64 with 8 warps when both M and N are >= 2048, else 128x128x64 with 4 warps.
+    TMA loads where the GPU has them. Stages drop until the config fits the GPU.
+    """
+    variant = "tma" if gpu.has("tma") else "ptr"
+    if m <= 64:
+        bm = 16 if m <= 16 else 32 if m <= 32 else 64
+        bk = 128 if k >= 128 else 64 if k >= 64 else 32
+        tiles = math.ceil(m / bm) * math.ceil(n / 64) * batch
+        split = 1
+        while split < 16 and tiles * split < gpu.sm_count and math.ceil(k / bk) >= 8 * split:
+            split *= 2
+        base = TileConfig(bm, 64, bk, split, 8, 4, 4, variant)
+    elif m >= 2048 and n >= 2048:
+        base = TileConfig(128, 256, 64, 1, 8, 8, 3, variant)
+    else:
+        base = TileConfig(128, 128, 64, 1, 8, 4, 4, variant)
+    for stages in range(base.num_stages, 0, -1):
+        config = dataclasses.replace(base, num_stages=stages)
+        if not violations(config, gpu, dtype, k):
+            return config
+    return TileConfig(32, 32, 32, 1, 8, 4, 2, "ptr")
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
+           activation: str | None = None, residual: torch.Tensor | None = None,
+           config: TileConfig | None = None) -> torch.Tensor:
+    """C = act(A @ B + bias) + residual with fp32 accumulation, through the Triton template.
+
+    a: [M, K] or [batch, M, K]; b: [K, N] or [batch, K, N] (a 2-D operand is broadcast over
+    the batch); any strides. bias: [N]. residual: broadcastable to C. fp16, bf16 or fp32
+    (fp32 runs on tf32 tensor cores unless torch.backends.cuda.matmul.allow_tf32 is False).
+    With `config`, exactly that config runs, or an error names the rule it breaks.
+    """
+    if config is not None and not isinstance(config, TileConfig):
+        raise TypeError(f"matmul: config must be a gnn_policy.TileConfig, got {type(config).__name__}")
+    m, n, k, out_shape = _check_args(a, b, bias, activation, residual)
+    gpu = gpu_for(a.device)
+    dtype = DTYPE_NAMES[a.dtype]
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    if config is None:
+        batch = out_shape[0] if len(out_shape) == 3 else 1
+        chosen = default_config(m, n, k, dtype, gpu, batch)
+        try:
+            return launch(a, b, chosen, bias=bias, activation=activation, residual=residual)
+        except LayoutError:  # the default may fall back; an explicit config never does
+            chosen = dataclasses.replace(chosen, variant="ptr")
+            return launch(a, b, chosen, bias=bias, activation=activation, residual=residual)
+    found = violations(config, gpu, dtype, k)
+    if found:
+        raise InvalidConfigError(config, gpu.name, found)
+    try:
+        return launch(a, b, config, bias=bias, activation=activation, residual=residual)
+    except LayoutError as exc:
+        raise InvalidConfigError(config, gpu.name, [exc.violation]) from None

@@ -1,0 +1,229 @@
+"""The tiling config space: `TileConfig`, `ConfigSpace` and the named baseline lists.
+
+This module is the one definition of every knob, its values and the rules that make a
+config invalid on a GPU. The policy's action heads, every search and every baseline derive
+from it, so a rule added here applies everywhere at once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import re
+from typing import Any, Iterator
+
+from hardware_specs import GpuSpec
+
+VARIANTS = ("ptr", "tma")
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+# The accumulator lives in registers: past this many fp32 values per thread ptxas spills.
+# Measured on the H200 (triton 3.6, bf16): every config with more spilled, none with fewer.
+MAX_ACC_PER_THREAD = 128
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class TileConfig:
+    """One point of the space: what the Triton template is compiled and launched with."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    variant: str = "ptr"
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k", "split_k", "group_m", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TileConfig.{name} must be a positive int, got {value!r}")
+        for name in ("block_m", "block_n", "block_k", "num_warps"):
+            value = getattr(self, name)
+            if value & (value - 1):
+                raise ValueError(f"TileConfig.{name} must be a power of two, got {value}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"TileConfig.variant must be one of {VARIANTS}, got {self.variant!r}")
+
+    @property
+    def key(self) -> str:
+        """Stable string key, e.g. 'bm128_bn128_bk64_sk1_gm8_w4_s3_ptr'."""
+        return (f"bm{self.block_m}_bn{self.block_n}_bk{self.block_k}_sk{self.split_k}"
+                f"_gm{self.group_m}_w{self.num_warps}_s{self.num_stages}_{self.variant}")
+
+    @classmethod
+    def from_key(cls, key: str) -> TileConfig:
+        m = _KEY_RE.fullmatch(key)
+        if not m:
+            raise ValueError(f"not a TileConfig key: {key!r} (expected e.g. {_EXAMPLE_KEY!r})")
+        *ints, variant = m.groups()
+        return cls(*(int(v) for v in ints), variant=variant)
+
+    def to_triton(self) -> Any:
+        """A `triton.Config` with the template's meta-parameter names."""
+        import triton
+
+        return triton.Config(
+            {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
+             "SPLIT_K": self.split_k, "GROUP_M": self.group_m, "USE_TMA": self.variant == "tma"},
+            num_warps=self.num_warps, num_stages=self.num_stages)
+
+    @classmethod
+    def from_triton(cls, config: Any) -> TileConfig:
+        kw = config.kwargs
+        return cls(block_m=kw["BLOCK_M"], block_n=kw["BLOCK_N"], block_k=kw["BLOCK_K"],
+                   split_k=kw.get("SPLIT_K", 1), group_m=kw.get("GROUP_M", 8),
+                   num_warps=config.num_warps, num_stages=config.num_stages,
+                   variant="tma" if kw.get("USE_TMA") else "ptr")
+
+    def to_vllm(self) -> dict[str, int]:
+        """vLLM / SGLang tuned-config JSON keys (their kernels have no variant knob)."""
+        out = {"BLOCK_SIZE_M": self.block_m, "BLOCK_SIZE_N": self.block_n,
+               "BLOCK_SIZE_K": self.block_k, "GROUP_SIZE_M": self.group_m,
+               "num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.split_k != 1:
+            out["SPLIT_K"] = self.split_k
+        return out
+
+    @classmethod
+    def from_vllm(cls, entry: dict[str, Any]) -> TileConfig:
+        return cls(block_m=entry["BLOCK_SIZE_M"], block_n=entry["BLOCK_SIZE_N"],
+                   block_k=entry["BLOCK_SIZE_K"], split_k=entry.get("SPLIT_K", 1),
+                   group_m=entry.get("GROUP_SIZE_M", 1), num_warps=entry["num_warps"],
+                   num_stages=entry["num_stages"], variant="tma" if entry.get("USE_TMA") else "ptr")
+
+    def smem_bytes(self, dtype: str) -> int:
+        """Shared memory the software pipeline holds: one A and one B tile per stage."""
+        return (self.block_m + self.block_n) * self.block_k * self.num_stages * DTYPE_BYTES[dtype]
+
+    def acc_per_thread(self) -> float:
+        return self.block_m * self.block_n / (32 * self.num_warps)
+
+
+_KEY_RE = re.compile(r"bm(\d+)_bn(\d+)_bk(\d+)_sk(\d+)_gm(\d+)_w(\d+)_s(\d+)_(ptr|tma)")
+_EXAMPLE_KEY = "bm128_bn128_bk64_sk1_gm8_w4_s3_ptr"
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """A broken validity rule: `rule` is a short stable name, `message` says why."""
+
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.message}"
+
+
+def violations(config: TileConfig, gpu: GpuSpec, dtype: str, k: int | None = None) -> list[Violation]:
+    """Every rule `config` breaks on `gpu` for inputs of `dtype` (and reduction length `k`)."""
+    out: list[Violation] = []
+    if dtype not in DTYPE_BYTES:
+        return [Violation("dtype", f"dtype {dtype!r} is not supported; use one of {sorted(DTYPE_BYTES)}")]
+    peak_key = "tf32" if dtype == "fp32" else dtype
+    if gpu.peak(peak_key) <= 0:
+        out.append(Violation("dtype", f"{gpu.name} has no {peak_key} tensor-core support"))
+    smem = config.smem_bytes(dtype)
+    if smem > gpu.smem_per_block_bytes:
+        out.append(Violation("smem", f"needs {smem} bytes of shared memory per block "
+                             f"({config.num_stages} stages), {gpu.name} allows {gpu.smem_per_block_bytes}"))
+    acc = config.acc_per_thread()
+    if acc > MAX_ACC_PER_THREAD or (acc == MAX_ACC_PER_THREAD and config.num_warps == 2):
+        out.append(Violation("registers", f"{acc:g} fp32 accumulators per thread with "
+                             f"{config.num_warps} warps spill registers (limit {MAX_ACC_PER_THREAD})"))
+    if acc < 2:
+        out.append(Violation("warps", f"{config.num_warps} warps for a {config.block_m}x{config.block_n} "
+                             f"tile leave threads without accumulators; use fewer warps"))
+    if config.variant == "tma" and not gpu.has("tma"):
+        out.append(Violation("tma", f"{gpu.name} has no Tensor Memory Accelerator"))
+    if k is not None:
+        k_tiles = math.ceil(k / config.block_k)
+        if config.split_k > k_tiles:
+            out.append(Violation("split_k", f"SPLIT_K={config.split_k} exceeds the {k_tiles} "
+                                 f"BLOCK_K={config.block_k} tiles of K={k}"))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSpace:
+    """A named grid of knob values; iterate it for every point, filter with `valid`."""
+
+    name: str
+    knobs: tuple[tuple[str, tuple[Any, ...]], ...]
+
+    @property
+    def values(self) -> dict[str, tuple[Any, ...]]:
+        return dict(self.knobs)
+
+    def __iter__(self) -> Iterator[TileConfig]:
+        names = [n for n, _ in self.knobs]
+        for combo in itertools.product(*(v for _, v in self.knobs)):
+            yield TileConfig(**dict(zip(names, combo)))
+
+    def __len__(self) -> int:
+        return math.prod(len(v) for _, v in self.knobs)
+
+    def __contains__(self, config: object) -> bool:
+        if not isinstance(config, TileConfig):
+            return False
+        return all(getattr(config, n) in v for n, v in self.knobs)
+
+    def valid(self, gpu: GpuSpec, dtype: str, k: int | None = None) -> list[TileConfig]:
+        return [c for c in self if not violations(c, gpu, dtype, k)]
+
+
+def _space(name: str, **knobs: tuple[Any, ...]) -> ConfigSpace:
+    return ConfigSpace(name, tuple(knobs.items()))
+
+
+SPACES: dict[str, ConfigSpace] = {
+    # DESIGN.md's Hopper target space, with both load variants of the template.
+    "full": _space("full", block_m=(16, 32, 64, 128, 256), block_n=(16, 32, 64, 128, 256),
+                   block_k=(16, 32, 64, 128, 256), split_k=(1, 2, 4, 8, 16), group_m=(1, 4, 8, 16),
+                   num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4, 5, 6), variant=VARIANTS),
+    # The seed project's space: 96 points; its warps and stages were Triton's defaults (4, 3).
+    "seed": _space("seed", block_m=(16, 32, 64, 128), block_n=(16, 32, 64, 128), block_k=(16, 32),
+                   split_k=(1, 2, 4), group_m=(8,), num_warps=(4,), num_stages=(3,), variant=("ptr",)),
+}
+
+
+def space(name: str) -> ConfigSpace:
+    if name not in SPACES:
+        raise KeyError(f"unknown config space {name!r}; known: {sorted(SPACES)}")
+    return SPACES[name]
+
+
+def _from_rows(rows: list[tuple[int, int, int, int, int]], order: str, group_m: int) -> tuple[TileConfig, ...]:
+    """Rows of (BLOCK_M, BLOCK_N, BLOCK_K, a, b) where `order` says whether a is warps or stages."""
+    out = []
+    for bm, bn, bk, x, y in rows:
+        warps, stages = (x, y) if order == "warps,stages" else (y, x)
+        out.append(TileConfig(bm, bn, bk, 1, group_m, warps, stages))
+    return tuple(out)
+
+
+NAMED_LISTS: dict[str, tuple[TileConfig, ...]] = {
+    # Triton tutorial 03 (matrix multiplication), get_cuda_autotune_config(): 8 fp16 + 8 fp8 configs.
+    "triton_tutorial": _from_rows([
+        (128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+        (64, 128, 32, 4, 4), (128, 32, 32, 4, 4), (64, 32, 32, 5, 2), (32, 64, 32, 5, 2),
+        (128, 256, 128, 3, 8), (256, 128, 128, 3, 8), (256, 64, 128, 4, 4), (64, 256, 128, 4, 4),
+        (128, 128, 128, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 32, 64, 4, 4),
+    ], "stages,warps", group_m=8),
+    # Inductor's max-autotune mm list (torch/_inductor template heuristics, CUDA), GROUP_M 8.
+    "inductor_mm": _from_rows([
+        (32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8),
+        (64, 32, 128, 5, 4), (64, 64, 16, 2, 4), (64, 64, 32, 2, 4), (64, 64, 64, 3, 8),
+        (64, 64, 128, 5, 4), (64, 128, 32, 3, 4), (64, 128, 32, 4, 8), (64, 128, 64, 3, 4),
+        (64, 128, 128, 4, 4), (128, 64, 32, 3, 4), (128, 64, 32, 4, 8), (128, 128, 32, 2, 8),
+        (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8),
+    ], "stages,warps", group_m=8),
+    "seed": tuple(SPACES["seed"]),
+}
+
+
+def named_list(name: str) -> tuple[TileConfig, ...]:
+    if name not in NAMED_LISTS:
+        raise KeyError(f"unknown config list {name!r}; known: {sorted(NAMED_LISTS)}")
+    return NAMED_LISTS[name]

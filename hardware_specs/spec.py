@@ -1,0 +1,201 @@
+"""GpuSpec: one GPU's datasheet numbers, loaded from the YAML files beside this module.
+
+Every YAML holds the fields of `GpuSpec` plus a `sources` mapping that names, for each
+numeric field, the datasheet, whitepaper or measurement the value came from. Loading is
+strict: a missing field, an ill-typed value or a field without a source is an error that
+names the file and the field, because a silently wrong spec becomes a silently wrong policy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SPEC_DIR = Path(__file__).resolve().parent
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+FEATURES = ("tma", "wgmma", "fp8")
+
+
+class SpecError(ValueError):
+    """A spec file is malformed or a GPU name is unknown."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSpec:
+    """Hardware numbers the config space and the policy read. Units are in the names."""
+
+    name: str
+    aliases: tuple[str, ...]
+    vendor: str
+    architecture: str
+    compute_capability: str
+    sm_count: int
+    warp_size: int
+    l2_bytes: int
+    smem_per_sm_bytes: int
+    smem_per_block_bytes: int
+    registers_per_sm: int
+    max_threads_per_sm: int
+    memory_bytes: int
+    memory_bandwidth_gbps: float
+    sm_clock_mhz: int
+    peak_tflops: dict[str, float]
+    tensor_core_generation: int
+    features: dict[str, bool]
+    sources: dict[str, str]
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak TFLOP/s for a dtype name (fp32, tf32, fp16, bf16, fp8); 0 if unsupported."""
+        return self.peak_tflops[dtype]
+
+    def has(self, feature: str) -> bool:
+        return self.features[feature]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The spec with the YAML's field names, JSON-serialisable."""
+        d = dataclasses.asdict(self)
+        d["aliases"] = list(self.aliases)
+        return d
+
+
+_SCALAR_TYPES: dict[str, type | tuple[type, ...]] = {
+    "name": str, "vendor": str, "architecture": str, "compute_capability": str,
+    "sm_count": int, "warp_size": int, "l2_bytes": int, "smem_per_sm_bytes": int,
+    "smem_per_block_bytes": int, "registers_per_sm": int, "max_threads_per_sm": int,
+    "memory_bytes": int, "memory_bandwidth_gbps": (int, float), "sm_clock_mhz": int,
+    "tensor_core_generation": int,
+}
+# Fields that are facts of the silicon and need a citation in `sources`.
+_CITED = tuple(k for k in _SCALAR_TYPES if k not in ("name", "vendor", "architecture")) + (
+    "peak_tflops", "features")
+
+
+def _fail(path: Path, field: str, why: str) -> SpecError:
+    return SpecError(f"{path.name}: field '{field}' {why}")
+
+
+def _typed(path: Path, raw: dict, field: str, kind: type | tuple[type, ...]) -> Any:
+    if field not in raw:
+        raise _fail(path, field, "is missing")
+    value = raw[field]
+    # bool is an int subclass in Python; a YAML `true` is never a valid count.
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise _fail(path, field, f"must be {names}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _mapping(path: Path, raw: dict, field: str, keys: tuple[str, ...], kind: type) -> dict:
+    value = raw.get(field)
+    if not isinstance(value, dict):
+        raise _fail(path, field, "is missing or not a mapping")
+    out = {}
+    for key in keys:
+        item = value.get(key)
+        ok = isinstance(item, kind) if kind is bool else (
+            isinstance(item, (int, float)) and not isinstance(item, bool))
+        if not ok:
+            raise _fail(path, f"{field}.{key}", f"must be {kind.__name__}, got {item!r}")
+        out[key] = float(item) if kind is float else item
+    extra = set(value) - set(keys)
+    if extra:
+        raise _fail(path, field, f"has unknown keys {sorted(extra)}")
+    return out
+
+
+def parse(path: Path) -> GpuSpec:
+    """Parse and validate one YAML spec file."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path.name}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path.name}: expected a mapping at the top level")
+    values: dict[str, Any] = {}
+    for field, kind in _SCALAR_TYPES.items():
+        values[field] = _typed(path, raw, field, kind)
+    values["memory_bandwidth_gbps"] = float(values["memory_bandwidth_gbps"])
+    aliases = raw.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise _fail(path, "aliases", "must be a list of strings")
+    values["aliases"] = tuple(aliases)
+    values["peak_tflops"] = _mapping(path, raw, "peak_tflops", DTYPES, float)
+    values["features"] = _mapping(path, raw, "features", FEATURES, bool)
+    sources = raw.get("sources")
+    if not isinstance(sources, dict):
+        raise _fail(path, "sources", "is missing or not a mapping")
+    for field in _CITED:
+        if not isinstance(sources.get(field), str) or not sources[field].strip():
+            raise _fail(path, f"sources.{field}", "is missing: every value needs its source")
+    values["sources"] = {k: str(v) for k, v in sources.items()}
+    unknown = set(raw) - set(values)
+    if unknown:
+        raise SpecError(f"{path.name}: unknown fields {sorted(unknown)}")
+    for field in ("sm_count", "l2_bytes", "smem_per_block_bytes", "registers_per_sm", "warp_size"):
+        if values[field] <= 0:
+            raise _fail(path, field, f"must be positive, got {values[field]}")
+    if values["smem_per_block_bytes"] > values["smem_per_sm_bytes"]:
+        raise _fail(path, "smem_per_block_bytes", "exceeds smem_per_sm_bytes")
+    return GpuSpec(**values)
+
+
+def _normalise(name: str) -> str:
+    """Case- and punctuation-insensitive key: 'NVIDIA H100 80GB HBM3' -> 'nvidiah10080gbhbm3'."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+@functools.lru_cache(maxsize=1)
+def _registry() -> tuple[dict[str, GpuSpec], dict[str, str]]:
+    specs: dict[str, GpuSpec] = {}
+    index: dict[str, str] = {}
+    for path in sorted(SPEC_DIR.glob("*.yaml")):
+        spec = parse(path)
+        if spec.name in specs:
+            raise SpecError(f"{path.name}: duplicate GPU name {spec.name!r}")
+        specs[spec.name] = spec
+        for alias in (spec.name, *spec.aliases):
+            key = _normalise(alias)
+            if key in index and index[key] != spec.name:
+                raise SpecError(f"{path.name}: alias {alias!r} already names {index[key]}")
+            index[key] = spec.name
+    return specs, index
+
+
+def available() -> list[str]:
+    """Canonical names of every GPU with a spec file, sorted."""
+    return sorted(_registry()[0])
+
+
+def load(name: str) -> GpuSpec:
+    """The spec for a GPU name or alias (case and punctuation are ignored)."""
+    specs, index = _registry()
+    key = _normalise(name)
+    if key not in index:
+        raise SpecError(f"unknown GPU {name!r}; known GPUs: {', '.join(available())}")
+    return specs[index[key]]
+
+
+def detect(device: int | None = None) -> GpuSpec:
+    """The spec of the local CUDA device, cross-checked against what the driver reports."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SpecError("no CUDA device is visible; pass a GPU name instead (see `gnn-policy specs`)")
+    index = torch.cuda.current_device() if device is None else device
+    props = torch.cuda.get_device_properties(index)
+    spec = load(props.name)
+    l2 = getattr(props, "L2_cache_size", None)
+    checks = [("sm_count", spec.sm_count, props.multi_processor_count), ("l2_bytes", spec.l2_bytes, l2)]
+    for field, ours, theirs in checks:
+        if theirs is not None and ours != theirs:
+            warnings.warn(f"{spec.name}: spec says {field}={ours} but the device reports {theirs}",
+                          stacklevel=2)
+    return spec

@@ -1,0 +1,112 @@
+"""GPU-only checks of the template: random (shape, config, dtype) cases, bf16 included.
+
+Every case must be either correct against a float64 reference or rejected before launch
+with `InvalidConfigError`; a wrong result, an unwritten element or a load-time failure such
+as Triton's OutOfResources fails the test. Set GNN_POLICY_GPU_REPORT to a path to get a JSON
+record of what ran.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import hardware_specs  # noqa: E402
+from graphs import GemmProblem  # noqa: E402
+from gnn_policy import InvalidConfigError, TileConfig, matmul, space, violations  # noqa: E402
+from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error  # noqa: E402
+from gnn_policy.measure.compile import precompile  # noqa: E402
+from gnn_policy.measure.inputs import TORCH_DTYPES, make_inputs  # noqa: E402
+
+CASES = int(os.environ.get("GNN_POLICY_GPU_CASES", "320"))
+DIMS = (1, 7, 16, 33, 64, 100, 128, 255, 256, 1000, 1024, 2048)
+
+
+def _random_case(rng: random.Random, configs: list[TileConfig]) -> tuple[GemmProblem, TileConfig]:
+    problem = GemmProblem(
+        m=rng.choice(DIMS), n=rng.choice(DIMS), k=rng.choice(DIMS + (4096,)),
+        batch=rng.choice((1, 1, 1, 2, 3)), dtype=rng.choice(("bf16", "bf16", "fp16", "fp32")),
+        a_layout=rng.choice(("row", "row", "col")), b_layout=rng.choice(("row", "col")),
+        bias=rng.random() < 0.3, activation=rng.choice((None, None, "relu", "gelu", "silu")),
+        residual=rng.random() < 0.2)
+    return problem, rng.choice(configs)
+
+
+def test_detect_matches_the_device():
+    spec = hardware_specs.detect()
+    props = torch.cuda.get_device_properties(0)
+    assert spec.sm_count == props.multi_processor_count
+    assert spec.l2_bytes == props.L2_cache_size
+
+
+def test_random_cases_are_correct_or_rejected_up_front():
+    gpu = hardware_specs.detect()
+    rng = random.Random(1234)
+    # Half from the whole space (most are invalid somewhere), half from the valid bf16 subset.
+    full = list(space("full"))
+    valid = [c for c in full if not violations(c, gpu, "bf16")]
+    cases = [_random_case(rng, full if i % 2 else valid) for i in range(CASES)]
+    precompile([(p, [c]) for p, c in cases if not violations(c, gpu, p.dtype, p.k)], progress=False)
+    record, failures = [], []
+    for i, (problem, config) in enumerate(cases):
+        args = make_inputs(problem, "cuda", seed=i)
+        entry = {"problem": problem.key, "config": config.key}
+        try:
+            out = matmul(**args, config=config)
+        except InvalidConfigError as exc:
+            entry.update(outcome="rejected", rules=[v.rule for v in exc.violations])
+            record.append(entry)
+            continue
+        except Exception as exc:  # noqa: BLE001 - any other failure is a bug
+            entry.update(outcome="failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            failures.append(entry)
+            record.append(entry)
+            continue
+        err = relative_error(out, reference(**args))
+        ok = err <= TOLERANCE[TORCH_DTYPES[problem.dtype]]
+        entry.update(outcome="correct" if ok else "wrong", error=err)
+        record.append(entry)
+        if not ok:
+            failures.append(entry)
+    if os.environ.get("GNN_POLICY_GPU_REPORT"):
+        with open(os.environ["GNN_POLICY_GPU_REPORT"], "w") as f:
+            json.dump(record, f, indent=1)
+    counts = {o: sum(r["outcome"] == o for r in record) for o in ("correct", "rejected", "wrong", "failed")}
+    print("gpu cases:", counts)
+    assert counts["correct"] >= CASES // 3, counts
+    assert not failures, failures[:10]
+
+
+def test_split_k_is_deterministic():
+    problem = GemmProblem(16, 4096, 4096, dtype="bf16")
+    args = make_inputs(problem, "cuda", seed=7)
+    config = TileConfig(16, 64, 128, 16, 8, 4, 4, "tma")
+    first = matmul(**args, config=config)
+    for _ in range(5):
+        assert torch.equal(matmul(**args, config=config), first)
+
+
+def test_bf16_epilogues_match_torch():
+    for activation in (None, "relu", "gelu", "silu"):
+        problem = GemmProblem(200, 1000, 1000, dtype="bf16", bias=True, activation=activation,
+                              residual=True)
+        args = make_inputs(problem, "cuda", seed=3)
+        for variant in ("ptr", "tma"):
+            config = TileConfig(64, 64, 64, 2, 8, 4, 3, variant)
+            try:
+                out = matmul(**args, config=config)
+            except InvalidConfigError as exc:  # 1000-wide bf16 rows are 16-byte aligned: never here
+                pytest.fail(str(exc))
+            assert relative_error(out, reference(**args)) <= TOLERANCE[torch.bfloat16]
+
+
+def test_default_config_runs_on_the_gpu():
+    args = make_inputs(GemmProblem(1000, 1000, 1000, dtype="bf16"), "cuda", seed=1)
+    assert relative_error(matmul(**args), reference(**args)) <= TOLERANCE[torch.bfloat16]

@@ -1,0 +1,1 @@
+"""Lightning training jobs (pretrain, finetune, bench): built in the policy issue."""
