@@ -82,7 +82,7 @@ def _check_args(a, b, bias, activation, residual) -> tuple[int, int, int, tuple[
             raise TypeError(f"matmul: {name} is {t.dtype} but a and b are {a.dtype}")
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"matmul: bias must have shape ({n},) for N={n}, got {tuple(bias.shape)}")
-    if residual is not None and torch.broadcast_shapes(residual.shape, out_shape) != out_shape:
+    if residual is not None and not _broadcasts(tuple(residual.shape), out_shape):
         raise ValueError(f"matmul: residual of shape {tuple(residual.shape)} does not broadcast "
                          f"to the output shape {out_shape}")
     devices = {name: t.device for name, t in (("a", a), ("b", b), *extras.items()) if t is not None}
@@ -95,6 +95,12 @@ def _check_args(a, b, bias, activation, residual) -> tuple[int, int, int, tuple[
     if a.device.type not in ("cpu", "cuda"):
         raise ValueError(f"matmul: device {a.device} is not supported (CUDA, or CPU under the interpreter)")
     return m, n, k, out_shape
+
+
+def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
 
 
 @functools.lru_cache(maxsize=4096)

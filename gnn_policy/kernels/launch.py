@@ -11,7 +11,7 @@ import functools
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gnn_policy.kernels.matmul import ACTIVATIONS, even_k, grid, matmul_kernel
+from gnn_policy.kernels.matmul import ACTIVATIONS, even_k, grid, matmul_kernel, workspace_shape
 from gnn_policy.space import TileConfig, Violation
 
 TMA_ALIGN = 16  # bytes: base address and every non-innermost stride of a tensor map
@@ -66,6 +66,21 @@ def _descriptor(name: str, op: Operand, block_rows: int, block_cols: int,
     return desc, (rows if folded > 1 else 0)
 
 
+def _output_descriptor(c3: torch.Tensor, config: TileConfig) -> tuple[TensorDescriptor | None, int]:
+    """A tensor map for storing C, where one is safe: pointer stores otherwise.
+
+    The store box clips only at the map's edges, so folded batches need M to be whole
+    tiles, or the last tile of one batch would overwrite the first rows of the next.
+    """
+    batch, m, n = c3.shape
+    if (n * c3.element_size()) % TMA_ALIGN or c3.data_ptr() % TMA_ALIGN:
+        return None, 0
+    if batch > 1 and m % config.block_m:
+        return None, 0
+    desc = TensorDescriptor(c3, [batch * m, n], [n, 1], [config.block_m, config.block_n])
+    return desc, m
+
+
 def _k_major(name: str, op: Operand, k_dim: int) -> bool:
     """Whether K is the operand's contiguous dimension (TMA needs one unit-stride dimension)."""
     if op.stride_inner == 1:
@@ -109,19 +124,21 @@ def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.
     ws = lock = c
     g = grid(config, m, n, batch)
     if config.split_k > 1:
-        ws = torch.empty((batch, config.split_k, m, n), device=a.device, dtype=torch.float32)
+        ws = torch.empty(workspace_shape(config, m, n, batch), device=a.device, dtype=torch.float32)
         lock = torch.zeros((batch * g[0],), device=a.device, dtype=torch.int32)
+    c_desc, c_rows = _output_descriptor(c3, config) if config.variant == "tma" else (None, 0)
     r = residual.expand(c.shape).reshape(batch, m, n) if residual is not None else None
     rs = r.stride() if r is not None else (0, 0, 0)
     tf32 = a.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 or a.device.type == "cpu"
     kernel = matmul_kernel[g] if not compile_only else functools.partial(matmul_kernel.warmup, grid=g)
     kernel(
-        a, b, a_desc, b_desc, c3, bias if bias is not None else c, r if r is not None else c, ws, lock,
+        a, b, a_desc, b_desc, c3, c_desc, bias if bias is not None else c, r if r is not None else c,
+        ws, lock,
         m, n, k, pa.batch_stride, a.stride(-2), a.stride(-1), pb.batch_stride, b.stride(-2), b.stride(-1),
-        *c3.stride(), *rs, a_rows, b_rows,
+        *c3.stride(), *rs, a_rows, b_rows, c_rows,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=config.split_k, GROUP_M=config.group_m, USE_TMA=config.variant == "tma",
         EVEN_K=even_k(config, k), ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=residual is not None, DOT_PRECISION="tf32" if tf32 else "ieee",
+        HAS_RESIDUAL=residual is not None, TMA_STORE=c_desc is not None, DOT_PRECISION="tf32" if tf32 else "ieee",
         num_warps=config.num_warps, num_stages=config.num_stages, **kw)
     return c

@@ -42,9 +42,12 @@ def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
-def _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, res_ptr,
-              stride_rm, stride_rn, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_RESIDUAL: tl.constexpr):
+def _epilogue(acc, pid_m, pid_n, M, N, c_ptr, c_desc, c_row0, stride_cm, stride_cn, bias_ptr,
+              res_ptr, stride_rm, stride_rn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+              TMA_STORE: tl.constexpr):
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
@@ -59,22 +62,26 @@ def _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, 
         res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn,
                       mask=mask, other=0.0)
         acc = acc + res.to(tl.float32)
-    c = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    if TMA_STORE:  # the descriptor clips at M and N; rows stay inside one batch (see launch)
+        c_desc.store([c_row0 + pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+    else:
+        c = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def matmul_kernel(
-        a_ptr, b_ptr, a_desc, b_desc, c_ptr, bias_ptr, res_ptr, ws_ptr, lock_ptr,
+        a_ptr, b_ptr, a_desc, b_desc, c_ptr, c_desc, bias_ptr, res_ptr, ws_ptr, lock_ptr,
         M, N, K,
         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
         stride_cb, stride_cm, stride_cn, stride_rb, stride_rm, stride_rn,
-        a_desc_rows, b_desc_rows,
+        a_desc_rows, b_desc_rows, c_desc_rows,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr,
         A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
         MASK_B_K: tl.constexpr, EVEN_K: tl.constexpr, ACTIVATION: tl.constexpr,
-        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, TMA_STORE: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -130,35 +137,38 @@ def matmul_kernel(
 
     c_base = c_ptr + pid_b * stride_cb
     r_base = res_ptr + pid_b * stride_rb
+    c_row0 = pid_b * c_desc_rows
     if SPLIT_K == 1:
-        _epilogue(acc, offs_m, offs_n, M, N, c_base, stride_cm, stride_cn, bias_ptr, r_base,
-                  stride_rm, stride_rn, ACTIVATION, HAS_BIAS, HAS_RESIDUAL)
+        _epilogue(acc, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn, bias_ptr,
+                  r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS,
+                  HAS_RESIDUAL, TMA_STORE)
     else:
-        # Workspace [batch, SPLIT_K, M, N] fp32; counter per (batch, output tile).
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tile_off = offs_m[:, None] * N + offs_n[None, :]
-        ws_b = ws_ptr + pid_b * SPLIT_K * M * N
-        tl.store(ws_b + pid_k * M * N + tile_off, acc, mask=mask)
+        # Workspace [tiles, SPLIT_K, BLOCK_M, BLOCK_N] fp32: whole tiles, contiguous, so the
+        # partials move as unmasked vector accesses whatever M and N are.
+        tile = (pid_b * tl.num_programs(0) + pid).to(tl.int64)
+        offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        ws_tile = ws_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N)
+        tl.store(ws_tile + pid_k * (BLOCK_M * BLOCK_N) + offs_tile, acc)
         tl.debug_barrier()  # every thread's partial is written before the counter moves
-        lock = lock_ptr + pid_b * tl.num_programs(0) + pid
-        arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
                 # .cg reads from L2, where the other slices' writes are visible.
-                total += tl.load(ws_b + s * M * N + tile_off, mask=mask, other=0.0,
-                                 cache_modifier=".cg")
-            _epilogue(total, offs_m, offs_n, M, N, c_base, stride_cm, stride_cn, bias_ptr,
-                      r_base, stride_rm, stride_rn, ACTIVATION, HAS_BIAS, HAS_RESIDUAL)
+                total += tl.load(ws_tile + s * (BLOCK_M * BLOCK_N) + offs_tile, cache_modifier=".cg")
+            _epilogue(total, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn,
+                      bias_ptr, r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION,
+                      HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
 
 
 def grid(config: TileConfig, m: int, n: int, batch: int) -> tuple[int, int, int]:
     return (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k, batch)
 
 
-def workspace_bytes(config: TileConfig, m: int, n: int, batch: int) -> int:
-    """fp32 bytes the split-K reduction needs (0 without split-K)."""
-    return 0 if config.split_k == 1 else 4 * batch * config.split_k * m * n
+def workspace_shape(config: TileConfig, m: int, n: int, batch: int) -> tuple[int, int, int, int]:
+    """The split-K reduction's fp32 workspace: one whole tile per (output tile, K slice)."""
+    tiles = grid(config, m, n, batch)[0] * batch
+    return (tiles, config.split_k, config.block_m, config.block_n)
 
 
 def even_k(config: TileConfig, k: int) -> bool:

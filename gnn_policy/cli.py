@@ -1,0 +1,138 @@
+"""The `gnn-policy` command line: one frozen dataclass per command, its fields are the flags."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+import hardware_specs
+
+
+def _flag(default: Any, help: str, **extra: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecsArgs:
+    """Print the GPU specs this project knows (hardware_specs/*.yaml)."""
+
+    json: bool = _flag(False, "print a JSON list of objects with the YAML's field names")
+    space: bool = _flag(False, "print how many configs of each space are valid per GPU and dtype")
+    gpu: tuple[str, ...] = _flag(("h200", "a100"), "GPUs for --space (repeatable)", action="append")
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoArgs:
+    """Run the Triton GEMM on a few problems and check each against torch in float64."""
+
+    seed: int = _flag(0, "random seed for the inputs")
+
+
+def specs_table(names: Sequence[str]) -> str:
+    cols = ("name", "arch", "SMs", "L2 MiB", "smem/block KiB", "HBM GB/s", "MHz", "bf16 TF", "fp8 TF",
+            "TMA", "wgmma")
+    rows = []
+    for name in names:
+        s = hardware_specs.load(name)
+        rows.append((s.name, s.architecture, s.sm_count, f"{s.l2_bytes / 2**20:.0f}",
+                     f"{s.smem_per_block_bytes / 1024:.0f}", f"{s.memory_bandwidth_gbps:.0f}",
+                     s.sm_clock_mhz, f"{s.peak('bf16'):.0f}", f"{s.peak('fp8'):.0f}",
+                     "yes" if s.has("tma") else "no", "yes" if s.has("wgmma") else "no"))
+    return _format(cols, rows)
+
+
+def space_table(gpus: Sequence[str]) -> str:
+    from gnn_policy.space import NAMED_LISTS, SPACES, violations
+
+    cols = ("gpu", "dtype", *(f"{n} ({len(s)})" for n, s in SPACES.items()),
+            *(f"{n} ({len(c)})" for n, c in NAMED_LISTS.items() if n not in SPACES))
+    rows = []
+    for name in gpus:
+        gpu = hardware_specs.load(name)
+        for dtype in ("bf16", "fp16", "fp32"):
+            counts = [sum(not violations(c, gpu, dtype) for c in s) for s in SPACES.values()]
+            counts += [sum(not violations(c, gpu, dtype) for c in cs)
+                       for n, cs in NAMED_LISTS.items() if n not in SPACES]
+            rows.append((gpu.name, dtype, *counts))
+    return _format(cols, rows)
+
+
+def _format(cols: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [list(map(str, cols))] + [[str(x) for x in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def run_specs(args: SpecsArgs) -> int:
+    names = hardware_specs.available()
+    if args.json:
+        print(json.dumps([hardware_specs.load(n).as_dict() for n in names], indent=1))
+    else:
+        print(specs_table(names))
+    if args.space:
+        print()
+        print("valid configs per space (size in brackets), rules of gnn_policy.space.violations:")
+        print(space_table(args.gpu))
+    return 0
+
+
+def run_demo(args: DemoArgs) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        # Must precede the first import of the kernels (their @jit decorators read it).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from gnn_policy.demo import demo
+
+    return demo(args.seed)
+
+
+COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
+    "specs": (SpecsArgs, run_specs),
+    "demo": (DemoArgs, run_demo),
+}
+
+
+def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        meta = dict(f.metadata)
+        help_text = meta.pop("help")
+        if f.type in (bool, "bool"):
+            parser.add_argument(flag, action="store_true", help=help_text)
+        elif meta.get("action") == "append":
+            parser.add_argument(flag, action="append", default=None, help=f"{help_text} (default: {', '.join(f.default)})")
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default, help=f"{help_text} (default: {f.default})")
+
+
+def parse(argv: Sequence[str] | None = None) -> tuple[str, Any]:
+    parser = argparse.ArgumentParser(prog="gnn-policy", description="A learned autotuner for Triton GEMM kernels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (cls, _) in COMMANDS.items():
+        _add_fields(sub.add_parser(name, help=cls.__doc__, description=cls.__doc__), cls)
+    ns = vars(parser.parse_args(argv))
+    name = ns.pop("command")
+    cls = COMMANDS[name][0]
+    values = {k: v for k, v in ns.items() if v is not None}
+    if "gpu" in values:
+        values["gpu"] = tuple(values["gpu"])
+    return name, cls(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    name, args = parse(argv)
+    try:
+        return COMMANDS[name][1](args)
+    except hardware_specs.SpecError as exc:
+        print(f"gnn-policy {name}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

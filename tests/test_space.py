@@ -1,0 +1,119 @@
+"""gnn_policy.space: config keys and conversions round-trip, validity rules hold."""
+import random
+
+import pytest
+
+import hardware_specs
+from gnn_policy.space import (NAMED_LISTS, TileConfig, named_list, space, violations)
+
+H200 = hardware_specs.load("h200")
+A100 = hardware_specs.load("a100")
+
+
+def _rules(config, gpu=H200, dtype="bf16", k=None):
+    return {v.rule for v in violations(config, gpu, dtype, k)}
+
+
+def test_sizes():
+    assert len(space("full")) == 5 * 5 * 5 * 5 * 4 * 3 * 6 * 2
+    assert len(space("seed")) == 96 == len(named_list("seed"))
+    assert len(named_list("triton_tutorial")) == 16
+    assert len(named_list("inductor_mm")) == 19
+    assert all(c.group_m == 8 for c in named_list("inductor_mm"))
+    assert set(space("seed")) <= set(space("full"))
+
+
+def test_keys_round_trip_and_are_unique():
+    configs = random.Random(0).sample(list(space("full")), 2000) + [c for cs in NAMED_LISTS.values() for c in cs]
+    for c in configs:
+        assert TileConfig.from_key(c.key) == c
+    sample = list(space("full"))[:5000]
+    assert len({c.key for c in sample}) == len(sample)
+
+
+def test_stable_key_text():
+    assert TileConfig(128, 64, 32, 2, 8, 4, 3, "tma").key == "bm128_bn64_bk32_sk2_gm8_w4_s3_tma"
+
+
+def test_hashable_and_frozen():
+    c = TileConfig(64, 64, 32)
+    assert {c: 1}[TileConfig(64, 64, 32)] == 1
+    with pytest.raises(Exception):
+        c.block_m = 32
+
+
+@pytest.mark.parametrize("bad", [dict(block_m=48), dict(block_n=0), dict(num_warps=3), dict(variant="wgmma"),
+                                 dict(split_k=True)])
+def test_constructor_rejects_bad_values(bad):
+    kw = dict(block_m=64, block_n=64, block_k=32) | bad
+    with pytest.raises(ValueError):
+        TileConfig(**kw)
+
+
+def test_bad_key_is_an_error():
+    with pytest.raises(ValueError, match="not a TileConfig key"):
+        TileConfig.from_key("bm64_bn64")
+
+
+def test_triton_round_trip():
+    for c in [TileConfig(128, 256, 64, 1, 8, 8, 3), TileConfig(16, 32, 256, 4, 1, 2, 5, "tma")]:
+        tc = c.to_triton()
+        assert tc.kwargs["BLOCK_M"] == c.block_m and tc.num_warps == c.num_warps
+        assert TileConfig.from_triton(tc) == c
+
+
+def test_vllm_keys_round_trip():
+    c = TileConfig(64, 128, 128, 1, 16, 4, 3)
+    d = c.to_vllm()
+    assert d == {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 16,
+                 "num_warps": 4, "num_stages": 3}
+    assert TileConfig.from_vllm(d) == c
+    assert TileConfig.from_vllm(TileConfig(16, 64, 64, 4).to_vllm()).split_k == 4
+
+
+def test_shared_memory_rule_counts_stages():
+    # (128+256)*128*2 bytes per stage = 96 KiB: two stages fit the H200's 227 KiB, three do not.
+    assert "smem" not in _rules(TileConfig(128, 256, 128, num_warps=8, num_stages=2))
+    assert "smem" in _rules(TileConfig(128, 256, 128, num_warps=8, num_stages=3))
+    assert "smem" in _rules(TileConfig(128, 128, 64, num_warps=4, num_stages=4), gpu=hardware_specs.load("rtx4090"))
+    # fp32 operands take twice the bytes
+    assert "smem" in _rules(TileConfig(128, 256, 64, num_warps=8, num_stages=3), dtype="fp32")
+
+
+def test_register_rule_is_the_measured_spill_rule():
+    assert "registers" in _rules(TileConfig(256, 256, 64, num_warps=2, num_stages=2))
+    assert "registers" in _rules(TileConfig(128, 256, 32, num_warps=4))     # 256 per thread
+    assert "registers" not in _rules(TileConfig(128, 256, 32, num_warps=8))  # 128 with 8 warps
+    assert "registers" in _rules(TileConfig(64, 128, 32, num_warps=2))      # 128 with 2 warps
+    assert "registers" not in _rules(TileConfig(64, 128, 32, num_warps=4))
+
+
+def test_warps_rule():
+    assert "warps" in _rules(TileConfig(16, 16, 32, num_warps=8))
+    assert "warps" not in _rules(TileConfig(16, 16, 32, num_warps=4))
+
+
+def test_split_k_rule_needs_a_tile_per_slice():
+    c = TileConfig(64, 64, 64, split_k=4)
+    assert "split_k" in _rules(c, k=192)      # 3 tiles of K for 4 slices
+    assert "split_k" not in _rules(c, k=193)  # 4 tiles (the last one partial)
+    assert "split_k" not in _rules(c)         # K unknown: not checked
+
+
+def test_tma_needs_hopper_and_dtype_support():
+    c = TileConfig(64, 64, 64, variant="tma")
+    assert "tma" in _rules(c, gpu=A100) and not _rules(c)
+    assert _rules(TileConfig(64, 64, 64), dtype="fp8") == {"dtype"}
+
+
+def test_valid_counts_and_messages():
+    assert 10_000 < len(space("full").valid(H200, "bf16")) < len(space("full"))
+    message = str(violations(TileConfig(256, 256, 256, num_warps=8, num_stages=6), H200, "bf16")[0])
+    assert message.startswith("[smem]") and "H200-SXM-141GB" in message
+
+
+def test_unknown_names():
+    with pytest.raises(KeyError, match="known"):
+        space("huge")
+    with pytest.raises(KeyError, match="triton_tutorial"):
+        named_list("cutlass")

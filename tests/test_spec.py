@@ -1,0 +1,100 @@
+"""hardware_specs: every shipped YAML loads, aliases resolve, bad files fail loudly."""
+import shutil
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import hardware_specs
+from hardware_specs import spec as spec_mod
+
+REQUIRED = ["A100-SXM4-80GB", "A100-PCIe-40GB", "H100-SXM5-80GB", "H100-PCIe-80GB", "H200-SXM-141GB",
+            "H20", "B200", "L40S", "L4", "RTX-4090", "RTX-3090", "MI300X"]
+
+
+def test_every_required_gpu_has_a_spec():
+    assert set(REQUIRED) <= set(hardware_specs.available())
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_spec_values_are_sane(name):
+    s = hardware_specs.load(name)
+    assert s.sm_count >= 50 and s.l2_bytes >= 4 * 2**20
+    assert s.smem_per_block_bytes <= s.smem_per_sm_bytes
+    assert s.peak("bf16") >= s.peak("fp32") > 0
+    assert all(s.sources[f] for f in ("sm_count", "l2_bytes", "peak_tflops"))
+    # the dense tensor rate is the arithmetic of SMs and clock within a factor of 2 of 1 TF/GHz/SM
+    assert 0.1 < s.peak("bf16") / (s.sm_count * s.sm_clock_mhz * 1e-3) < 10
+
+
+@pytest.mark.parametrize("alias", ["h100", "H100-SXM", "NVIDIA H100 80GB HBM3", "nvidia_h100_80gb_hbm3", "H100_sxm"])
+def test_aliases_are_case_and_punctuation_insensitive(alias):
+    assert hardware_specs.load(alias).name == "H100-SXM5-80GB"
+
+
+def test_h200_is_the_measured_part():
+    s = hardware_specs.load("NVIDIA H200")
+    assert (s.name, s.sm_count, s.l2_bytes) == ("H200-SXM-141GB", 132, 60 * 2**20)
+    assert s.has("tma") and s.has("wgmma")
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(hardware_specs.SpecError) as err:
+        hardware_specs.load("h300")
+    assert "h300" in str(err.value) and "H200-SXM-141GB" in str(err.value) and "MI300X" in str(err.value)
+
+
+def _broken_copy(tmp_path: Path, old: str, new: str) -> Path:
+    path = tmp_path / "broken.yaml"
+    text = (spec_mod.SPEC_DIR / "h200_sxm_141gb.yaml").read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize("old,new,field", [
+    ("sm_count: 132\n", "", "sm_count"),
+    ("sm_count: 132", "sm_count: many", "sm_count"),
+    ("sm_count: 132", "sm_count: true", "sm_count"),
+    ("bf16: 989.4,", "bf16: fast,", "peak_tflops.bf16"),
+    ("tma: true", "tma: 1", "features.tma"),
+    ("  l2_bytes: torch", "  l2_byte: torch", "sources.l2_bytes"),
+])
+def test_bad_yaml_names_file_and_field(tmp_path, old, new, field):
+    with pytest.raises(hardware_specs.SpecError) as err:
+        spec_mod.parse(_broken_copy(tmp_path, old, new))
+    assert "broken.yaml" in str(err.value) and f"'{field}'" in str(err.value)
+
+
+def test_not_yaml_is_an_error(tmp_path):
+    path = tmp_path / "junk.yaml"
+    path.write_text("name: [unclosed")
+    with pytest.raises(hardware_specs.SpecError, match="junk.yaml"):
+        spec_mod.parse(path)
+
+
+def test_as_dict_uses_the_yaml_field_names():
+    d = hardware_specs.load("h200").as_dict()
+    for key in ("name", "sm_count", "l2_bytes", "smem_per_block_bytes", "peak_tflops", "features", "sources"):
+        assert key in d
+
+
+def test_detect_without_cuda_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(hardware_specs.SpecError, match="no CUDA device"):
+        hardware_specs.detect()
+
+
+def test_detect_cross_checks_and_warns(monkeypatch):
+    props = SimpleNamespace(name="NVIDIA H200", multi_processor_count=132, L2_cache_size=50 * 2**20)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    with pytest.warns(UserWarning, match="l2_bytes"):
+        assert hardware_specs.detect().name == "H200-SXM-141GB"
+    props.L2_cache_size = 60 * 2**20
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hardware_specs.detect()
