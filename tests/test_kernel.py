@@ -76,6 +76,7 @@ def test_every_element_is_written():
     assert torch.isfinite(out).all() and relative_error(out, reference(args["a"], args["b"])) < 1e-5
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul")  # the masked-out inf products
 def test_batched_tma_k_tail_does_not_read_the_next_batch():
     # K=24 is not whole BLOCK_K=16 tiles; batch 1's B is inf, batch 0 must not see it.
     a = torch.randn(2, 24, 32, dtype=torch.float16).transpose(1, 2)

@@ -1,0 +1,51 @@
+"""The gnn-policy command line, run as users run it: in a subprocess."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gnn_policy.cli import parse
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "gnn_policy.cli", *args], capture_output=True, text=True)
+
+
+def test_specs_table_lists_every_gpu():
+    res = _cli("specs")
+    assert res.returncode == 0, res.stderr
+    for name in ("H200-SXM-141GB", "A100-SXM4-80GB", "MI300X", "RTX-3090"):
+        assert name in res.stdout
+
+
+def test_specs_json_uses_yaml_field_names():
+    res = _cli("specs", "--json")
+    specs = json.loads(res.stdout)
+    h200 = next(s for s in specs if s["name"] == "H200-SXM-141GB")
+    assert h200["sm_count"] == 132 and h200["l2_bytes"] == 62914560 and h200["features"]["tma"]
+
+
+def test_specs_space_counts_valid_configs():
+    res = _cli("specs", "--space", "--gpu", "h200")
+    assert res.returncode == 0, res.stderr
+    row = next(line for line in res.stdout.splitlines() if line.startswith("H200-SXM-141GB  bf16"))
+    assert row.split()[2:] == ["61720", "96", "11", "19"]
+
+
+def test_unknown_gpu_is_a_clear_error():
+    res = _cli("specs", "--space", "--gpu", "h300")
+    assert res.returncode == 2 and "unknown GPU 'h300'" in res.stderr and "H200-SXM-141GB" in res.stderr
+
+
+def test_demo_checks_against_torch():
+    res = _cli("demo")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count(" ok") == 4 and "WRONG" not in res.stdout
+
+
+def test_flags_come_from_the_dataclass():
+    name, args = parse(["specs", "--json", "--gpu", "h100", "--gpu", "l4"])
+    assert name == "specs" and args.json and args.gpu == ("h100", "l4")
+    with pytest.raises(SystemExit):
+        parse(["tune"])
