@@ -47,7 +47,7 @@ def gpu_for(device: torch.device) -> hardware_specs.GpuSpec:
     return hardware_specs.load(os.environ.get("GNN_POLICY_GPU", "h200"))
 
 
-def _check_args(a, b, bias, activation, residual) -> tuple[int, int, int, tuple[int, ...]]:
+def _check_operands(a, b) -> tuple[int, int, int, tuple[int, ...]]:
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"matmul: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -68,33 +68,36 @@ def _check_args(a, b, bias, activation, residual) -> tuple[int, int, int, tuple[
     if min(m, n, k) < 1:
         raise ValueError(f"matmul: M, N and K must be >= 1, got M={m}, N={n}, K={k}")
     batch = max(a.shape[0] if a.dim() == 3 else 0, b.shape[0] if b.dim() == 3 else 0)
-    out_shape = (batch, m, n) if batch else (m, n)
+    return m, n, k, (batch, m, n) if batch else (m, n)
+
+
+def _check_extras(a, n, out_shape, bias, activation, residual) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"matmul: unknown activation {activation!r}; choose from "
                          f"{', '.join(repr(x) for x in ACTIVATIONS)}")
-    extras = {"bias": bias, "residual": residual}
-    for name, t in extras.items():
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
+    for name, t in (("bias", bias), ("residual", residual)):
+        if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"matmul: {name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if t.dtype != a.dtype:
+        if t is not None and t.dtype != a.dtype:
             raise TypeError(f"matmul: {name} is {t.dtype} but a and b are {a.dtype}")
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"matmul: bias must have shape ({n},) for N={n}, got {tuple(bias.shape)}")
     if residual is not None and not _broadcasts(tuple(residual.shape), out_shape):
         raise ValueError(f"matmul: residual of shape {tuple(residual.shape)} does not broadcast "
                          f"to the output shape {out_shape}")
-    devices = {name: t.device for name, t in (("a", a), ("b", b), *extras.items()) if t is not None}
+
+
+def _check_devices(**tensors: torch.Tensor | None) -> None:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:
         where = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
         raise ValueError(f"matmul: tensors on different devices: {where}")
-    if a.device.type == "cpu" and not INTERPRETED:
+    device = devices["a"]
+    if device.type == "cpu" and not INTERPRETED:
         raise ValueError("matmul: tensors are on the CPU; move them to a CUDA device, or set "
                          "TRITON_INTERPRET=1 before importing gnn_policy to use Triton's interpreter")
-    if a.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"matmul: device {a.device} is not supported (CUDA, or CPU under the interpreter)")
-    return m, n, k, out_shape
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"matmul: device {device} is not supported (CUDA, or CPU under the interpreter)")
 
 
 def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
@@ -145,7 +148,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     """
     if config is not None and not isinstance(config, TileConfig):
         raise TypeError(f"matmul: config must be a gnn_policy.TileConfig, got {type(config).__name__}")
-    m, n, k, out_shape = _check_args(a, b, bias, activation, residual)
+    m, n, k, out_shape = _check_operands(a, b)
+    _check_extras(a, n, out_shape, bias, activation, residual)
+    _check_devices(a=a, b=b, bias=bias, residual=residual)
     gpu = gpu_for(a.device)
     dtype = DTYPE_NAMES[a.dtype]
     if bias is not None and bias.stride(0) != 1:
