@@ -76,6 +76,14 @@ def test_every_element_is_written():
     assert torch.isfinite(out).all() and relative_error(out, reference(args["a"], args["b"])) < 1e-5
 
 
+def test_split_k_counters_are_left_at_zero():
+    from gnn_policy.kernels.launch import tile_counters
+
+    for problem, config in CASES[3:5]:  # split-K 16 and 8
+        _check(problem, config)
+        assert not tile_counters(torch.device("cpu"), 1).any()
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul")  # the masked-out inf products
 def test_batched_tma_k_tail_does_not_read_the_next_batch():
     # K=24 is not whole BLOCK_K=16 tiles; batch 1's B is inf, batch 0 must not see it.

@@ -115,20 +115,25 @@ def measure_shape(problem, lists, gpu, done, out, replays: int) -> None:
         out.flush()
 
 
+def contenders(problem, lists, done) -> set[str]:
+    """cuBLAS and the three fastest correct configs of each list in the sweep."""
+    ok = {k: r for (p, k), r in done.items() if p == problem.key and r["status"] == "ok"}
+    keys = {"cublas"}
+    for configs in lists.values():
+        ranked = sorted((c.key for c in configs if c.key in ok), key=lambda k: -ok[k]["tflops"])
+        keys.update(ranked[:3])
+    return keys
+
+
 def retime(problem, lists, gpu, done, rounds: int, replays: int, out) -> None:
     """Re-time cuBLAS and each list's top 3 in `rounds` interleaved rounds; rows go to `out`."""
     from gnn_policy.measure.clocks import sm_clock_mhz
     from gnn_policy.measure.runner import Bench
     from gnn_policy.space import TileConfig
 
-    ok = {k: r for (p, k), r in done.items() if p == problem.key and r["status"] == "ok"}
-    contenders = {"cublas"}
-    for configs in lists.values():
-        keys = sorted((c.key for c in configs if c.key in ok), key=lambda k: -ok[k]["tflops"])
-        contenders.update(keys[:3])
     bench = Bench(problem, gpu.l2_bytes, seed=1000)
     for i in range(rounds):
-        for key in sorted(contenders):
+        for key in sorted(contenders(problem, lists, done)):
             t = bench.time_cublas(replays) if key == "cublas" else bench.time(TileConfig.from_key(key), replays)
             out.write(json.dumps({"phase": "retime", "round": i, "problem": problem.key, "config": key,
                                   "tflops": t.tflops(problem.flops), "spread": t.spread,
@@ -221,6 +226,9 @@ def run(args: Args) -> str:
     done, retimed, _ = _load(args.results)
     configs = {c.key: c for cs in lists.values() for c in cs}
     jobs = [(p, [c for key, c in configs.items() if (p.key, key) not in done]) for p in problems]
+    # Kernels of an earlier run are not in this machine's cache: compile what re-timing needs.
+    jobs += [(p, [configs[k] for k in contenders(p, lists, done) if k in configs]) for p in problems
+             if p.key not in retimed]
     start = time.time()
     precompile([(p, cs) for p, cs in jobs if cs])
     print(f"compiled in {time.time() - start:.0f} s", flush=True)

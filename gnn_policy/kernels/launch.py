@@ -66,6 +66,25 @@ def _descriptor(name: str, op: Operand, block_rows: int, block_cols: int,
     return desc, (rows if folded > 1 else 0)
 
 
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 split-K tile counters for the current stream.
+
+    The kernel's last K slice resets its tile's counter, so the buffer is zero again after
+    every launch and is reused without a memset. One buffer per stream: launches on one
+    stream run in order, launches on two streams must not share counters.
+    """
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
 def _output_descriptor(c3: torch.Tensor, config: TileConfig) -> tuple[TensorDescriptor | None, int]:
     """A tensor map for storing C, where one is safe: pointer stores otherwise.
 
@@ -125,7 +144,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.
     g = grid(config, m, n, batch)
     if config.split_k > 1:
         ws = torch.empty(workspace_shape(config, m, n, batch), device=a.device, dtype=torch.float32)
-        lock = torch.zeros((batch * g[0],), device=a.device, dtype=torch.int32)
+        lock = tile_counters(a.device, batch * g[0])
     c_desc, c_rows = _output_descriptor(c3, config) if config.variant == "tma" else (None, 0)
     r = residual.expand(c.shape).reshape(batch, m, n) if residual is not None else None
     rs = r.stride() if r is not None else (0, 0, 0)
