@@ -1,0 +1,1 @@
+"""Measurement: compile ahead, check against torch, time by CUDA-graph replay."""

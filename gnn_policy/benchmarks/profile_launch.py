@@ -1,0 +1,42 @@
+"""One launch of a config and one of cuBLAS, bracketed for a profiler.
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section LaunchStats \\
+        --section Occupancy --section WarpStateStats \\
+        python -m gnn_policy.benchmarks.profile_launch 1000,1000,1000:bm128_bn64_bk64_sk1_gm8_w4_s4_tma
+
+Each case is warmed up (compiled, cuBLAS handles created) first; only the bracketed launches
+are profiled (`--profile-from-start off`), our kernel then cuBLAS's, per case.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    from graphs import GemmProblem
+    from gnn_policy import TileConfig, matmul
+    from gnn_policy.measure.inputs import make_inputs
+
+    cases = []
+    for spec in (sys.argv[1:] if argv is None else argv):
+        shape, key = spec.split(":")
+        m, n, k = (int(x) for x in shape.split(","))
+        args = make_inputs(GemmProblem(m, n, k), "cuda", seed=0)
+        config = TileConfig.from_key(key)
+        for _ in range(3):
+            matmul(**args, config=config)
+            torch.matmul(args["a"], args["b"])
+        cases.append((args, config))
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for args, config in cases:
+        matmul(**args, config=config)
+        torch.matmul(args["a"], args["b"])
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
