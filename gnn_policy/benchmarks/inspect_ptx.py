@@ -38,6 +38,7 @@ def inspect(m: int, n: int, k: int, key: str, dtype: str = "bf16") -> dict:
     finally:
         matmul_kernel.warmup = warmup
     kernel = compiled[-1]
+    kernel._init_handles()  # loads the binary: registers and spills are known only then
     ptx = kernel.asm["ptx"]
     counts = {p: len(re.findall(re.escape(p), ptx)) for p in PATTERNS}
     return {"registers": kernel.n_regs, "spills": kernel.n_spills,
