@@ -1,5 +1,4 @@
 """hardware_specs: every shipped YAML loads, aliases resolve, bad files fail loudly."""
-import shutil
 import warnings
 from pathlib import Path
 from types import SimpleNamespace

@@ -18,14 +18,12 @@ with four additions the tutorial lacks:
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from gnn_policy.space import TileConfig
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
-TORCH_TO_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 @triton.jit

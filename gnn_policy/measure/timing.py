@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
@@ -68,9 +68,3 @@ def time_graph(fn: Callable[[int], object], calls: int, *, replays: int = 20,
     q = statistics.quantiles(per_call, n=10) if len(per_call) > 1 else per_call * 9
     del graph
     return Timing(statistics.median(per_call), q[0], q[-1], replays, calls)
-
-
-def rotated_inputs(make: Callable[[], Sequence[torch.Tensor]], bytes_per_call: int,
-                   l2_bytes: int) -> list[Sequence[torch.Tensor]]:
-    """`rotation_count` fresh input sets from `make`."""
-    return [make() for _ in range(rotation_count(bytes_per_call, l2_bytes))]
