@@ -13,7 +13,7 @@ import os
 import torch
 
 import hardware_specs
-from gnn_policy.kernels.launch import LayoutError, launch
+from gnn_policy.kernels.launch import INT32_MAX, LayoutError, launch, max_offset
 from gnn_policy.kernels.matmul import ACTIVATIONS, matmul_kernel
 from gnn_policy.space import TileConfig, Violation, violations
 
@@ -39,12 +39,18 @@ def _detect(index: int) -> hardware_specs.GpuSpec:
 def gpu_for(device: torch.device) -> hardware_specs.GpuSpec:
     """The spec whose rules apply to tensors on `device`.
 
-    Under Triton's interpreter (CPU tensors) there is no GPU to ask, so the rules of
-    $GNN_POLICY_GPU apply (default: the H200 this project measures on).
+    $GNN_POLICY_GPU, when set, names it (for a GPU without a spec file, name the closest
+    one). Otherwise a CUDA device is detected, and under Triton's interpreter (CPU tensors),
+    where there is no GPU to ask, the H200's rules apply.
     """
-    if device.type == "cuda":
+    if os.environ.get("GNN_POLICY_GPU"):
+        return hardware_specs.load(os.environ["GNN_POLICY_GPU"])
+    if device.type != "cuda":
+        return hardware_specs.load("h200")
+    try:
         return _detect(device.index if device.index is not None else torch.cuda.current_device())
-    return hardware_specs.load(os.environ.get("GNN_POLICY_GPU", "h200"))
+    except hardware_specs.SpecError as exc:
+        raise hardware_specs.SpecError(f"{exc}; set GNN_POLICY_GPU to the closest known GPU") from None
 
 
 def _check_operands(a, b) -> tuple[int, int, int, tuple[int, ...]]:
@@ -67,12 +73,18 @@ def _check_operands(a, b) -> tuple[int, int, int, tuple[int, ...]]:
         raise ValueError(f"matmul: batch mismatch: a has {a.shape[0]}, b has {b.shape[0]}")
     if min(m, n, k) < 1:
         raise ValueError(f"matmul: M, N and K must be >= 1, got M={m}, N={n}, K={k}")
-    batch = max(a.shape[0] if a.dim() == 3 else 0, b.shape[0] if b.dim() == 3 else 0)
-    return m, n, k, (batch, m, n) if batch else (m, n)
+    batches = [t.shape[0] for t in (a, b) if t.dim() == 3]
+    if batches and batches[0] > 65535:
+        raise ValueError(f"matmul: batch {batches[0]} exceeds the grid limit of 65535")
+    out_shape = (batches[0], m, n) if batches else (m, n)
+    if max(max_offset(a), max_offset(b), m * n * (batches[0] if batches else 1) - 1) > INT32_MAX:
+        raise ValueError("matmul: an operand or the output spans more than 2**31 elements; the "
+                         "template addresses with 32-bit offsets, so split the problem")
+    return m, n, k, out_shape
 
 
 def _check_extras(a, n, out_shape, bias, activation, residual) -> None:
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
         raise ValueError(f"matmul: unknown activation {activation!r}; choose from "
                          f"{', '.join(repr(x) for x in ACTIVATIONS)}")
     for name, t in (("bias", bias), ("residual", residual)):
@@ -85,6 +97,8 @@ def _check_extras(a, n, out_shape, bias, activation, residual) -> None:
     if residual is not None and not _broadcasts(tuple(residual.shape), out_shape):
         raise ValueError(f"matmul: residual of shape {tuple(residual.shape)} does not broadcast "
                          f"to the output shape {out_shape}")
+    if residual is not None and max_offset(residual) > INT32_MAX:
+        raise ValueError("matmul: residual spans more than 2**31 elements (32-bit offsets)")
 
 
 def _check_devices(**tensors: torch.Tensor | None) -> None:
@@ -129,11 +143,11 @@ def default_config(m: int, n: int, k: int, dtype: str, gpu: hardware_specs.GpuSp
         base = TileConfig(128, 256, 64, 1, 8, 8, 3, variant)
     else:
         base = TileConfig(128, 128, 64, 1, 8, 4, 4, variant)
-    for stages in range(base.num_stages, 0, -1):
-        config = dataclasses.replace(base, num_stages=stages)
+    fallback = TileConfig(32, 32, 32, 1, 8, 4, 2, "ptr")
+    for config in [dataclasses.replace(base, num_stages=s) for s in range(base.num_stages, 0, -1)] + [fallback]:
         if not violations(config, gpu, dtype, k):
             return config
-    return TileConfig(32, 32, 32, 1, 8, 4, 2, "ptr")
+    raise InvalidConfigError(fallback, gpu.name, violations(fallback, gpu, dtype, k))
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
@@ -151,6 +165,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     m, n, k, out_shape = _check_operands(a, b)
     _check_extras(a, n, out_shape, bias, activation, residual)
     _check_devices(a=a, b=b, bias=bias, residual=residual)
+    if len(out_shape) == 3 and out_shape[0] == 0:
+        return torch.empty(out_shape, dtype=a.dtype, device=a.device)
     gpu = gpu_for(a.device)
     dtype = DTYPE_NAMES[a.dtype]
     if bias is not None and bias.stride(0) != 1:

@@ -77,17 +77,24 @@ class TileConfig:
                    num_warps=config.num_warps, num_stages=config.num_stages,
                    variant="tma" if kw.get("USE_TMA") else "ptr")
 
-    def to_vllm(self) -> dict[str, int]:
-        """vLLM / SGLang tuned-config JSON keys (their kernels have no variant knob)."""
-        out = {"BLOCK_SIZE_M": self.block_m, "BLOCK_SIZE_N": self.block_n,
-               "BLOCK_SIZE_K": self.block_k, "GROUP_SIZE_M": self.group_m,
-               "num_warps": self.num_warps, "num_stages": self.num_stages}
+    def to_vllm(self) -> dict[str, Any]:
+        """vLLM / SGLang tuned-config JSON keys (SGLang's `USE_TMA` marks the TMA variant)."""
+        out: dict[str, Any] = {"BLOCK_SIZE_M": self.block_m, "BLOCK_SIZE_N": self.block_n,
+                               "BLOCK_SIZE_K": self.block_k, "GROUP_SIZE_M": self.group_m,
+                               "num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.split_k != 1:
             out["SPLIT_K"] = self.split_k
+        if self.variant == "tma":
+            out["USE_TMA"] = True
         return out
 
     @classmethod
     def from_vllm(cls, entry: dict[str, Any]) -> TileConfig:
+        """From a tuned-config entry; entries without warps or stages (some AMD files) are refused."""
+        missing = [k for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages")
+                   if k not in entry]
+        if missing:
+            raise ValueError(f"tuned-config entry lacks {missing}: {entry}")
         return cls(block_m=entry["BLOCK_SIZE_M"], block_n=entry["BLOCK_SIZE_N"],
                    block_k=entry["BLOCK_SIZE_K"], split_k=entry.get("SPLIT_K", 1),
                    group_m=entry.get("GROUP_SIZE_M", 1), num_warps=entry["num_warps"],
@@ -138,6 +145,7 @@ def violations(config: TileConfig, gpu: GpuSpec, dtype: str, k: int | None = Non
     if config.variant == "tma" and not gpu.has("tma"):
         out.append(Violation("tma", f"{gpu.name} has no Tensor Memory Accelerator"))
     if k is not None:
+        # Slices take ceil(tiles / SPLIT_K) tiles each, so trailing slices can still be empty.
         k_tiles = math.ceil(k / config.block_k)
         if config.split_k > k_tiles:
             out.append(Violation("split_k", f"SPLIT_K={config.split_k} exceeds the {k_tiles} "
@@ -211,13 +219,14 @@ NAMED_LISTS: dict[str, tuple[TileConfig, ...]] = {
         (128, 256, 128, 3, 8), (256, 128, 128, 3, 8), (256, 64, 128, 4, 4), (64, 256, 128, 4, 4),
         (128, 128, 128, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 32, 64, 4, 4),
     ], "stages,warps", group_m=8),
-    # Inductor's max-autotune mm list (torch/_inductor template heuristics, CUDA), GROUP_M 8.
+    # Inductor's max-autotune mm list for CUDA, GROUP_M 8: the 20 of torch 2.11's
+    # torch/_inductor/template_heuristics (torch 2.13 adds a 21st, 128x256x64, 4 stages, 8 warps).
     "inductor_mm": _from_rows([
         (32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8),
         (64, 32, 128, 5, 4), (64, 64, 16, 2, 4), (64, 64, 32, 2, 4), (64, 64, 64, 3, 8),
         (64, 64, 128, 5, 4), (64, 128, 32, 3, 4), (64, 128, 32, 4, 8), (64, 128, 64, 3, 4),
         (64, 128, 128, 4, 4), (128, 64, 32, 3, 4), (128, 64, 32, 4, 8), (128, 128, 32, 2, 8),
-        (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8),
+        (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8), (128, 128, 128, 4, 8),
     ], "stages,warps", group_m=8),
     "seed": tuple(SPACES["seed"]),
 }

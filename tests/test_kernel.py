@@ -94,6 +94,44 @@ def test_batched_tma_k_tail_does_not_read_the_next_batch():
     assert relative_error(out[0], reference(a[0], b[0])) < 1e-2
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul")
+def test_batched_tma_k_tail_does_not_read_the_next_batch_of_a():
+    # Column-major A: its K runs along the descriptor's rows, folded across batches.
+    a = torch.randn(2, 24, 32, dtype=torch.float16).transpose(1, 2)
+    a[1] = float("inf")
+    b = torch.randn(2, 24, 40, dtype=torch.float16)
+    out = matmul(a, b, config=T(16, 16, 16, 1, 4, 2, 2, "tma"))
+    assert relative_error(out[0], reference(a[0], b[0])) < 1e-2
+
+
+def test_tma_refuses_layouts_it_cannot_describe():
+    x = torch.randn(16, 3, 32, dtype=torch.float16).permute(1, 0, 2)  # batches not contiguous rows
+    b = torch.randn(3, 32, 16, dtype=torch.float16)
+    with pytest.raises(InvalidConfigError, match=r"\[tma-batch-stride\]"):
+        matmul(x, b, config=T(16, 16, 16, variant="tma"))
+    assert relative_error(matmul(x, b, config=T(16, 16, 16)), reference(x, b)) < 1e-2
+    strided = torch.randn(32, 64, dtype=torch.float16)[::2, ::2]  # no unit-stride dimension
+    with pytest.raises(InvalidConfigError, match=r"\[tma-layout\]"):
+        matmul(strided, torch.randn(32, 16, dtype=torch.float16), config=T(16, 16, 16, variant="tma"))
+
+
+def test_empty_batch_gives_an_empty_result():
+    out = matmul(torch.randn(0, 8, 16, dtype=torch.float16), torch.randn(16, 24, dtype=torch.float16))
+    assert out.shape == (0, 8, 24)
+
+
+def test_offsets_past_int32_are_refused():
+    big = torch.empty(3, 2**20, 1024, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="2\\*\\*31 elements"):
+        matmul(big, torch.empty(1024, 8, dtype=torch.float16, device="meta"))
+
+
+def test_gnn_policy_gpu_names_the_rules(monkeypatch):
+    monkeypatch.setenv("GNN_POLICY_GPU", "l4")
+    with pytest.raises(InvalidConfigError, match=r"\[tma\] L4 has no Tensor Memory Accelerator"):
+        _raises_config(T(16, 16, 16, variant="tma"))
+
+
 def _raises(match, exc=ValueError, **kw):
     base = dict(a=torch.randn(8, 16, dtype=torch.float16), b=torch.randn(16, 24, dtype=torch.float16))
     with pytest.raises(exc, match=match):
@@ -109,6 +147,7 @@ def test_error_messages():
     _raises(r"bias must have shape \(24,\)", bias=torch.randn(8, dtype=torch.float16))
     _raises("residual of shape", residual=torch.randn(3, 24, dtype=torch.float16))
     _raises("unknown activation 'tanh'", activation="tanh")
+    _raises("unknown activation \\['relu'\\]", activation=["relu"])
     _raises("must be 2-D or 3-D", a=torch.randn(16, dtype=torch.float16))
     _raises("batch mismatch", a=torch.randn(2, 8, 16, dtype=torch.float16), b=torch.randn(3, 16, 24, dtype=torch.float16))
     _raises("M, N and K must be >= 1", a=torch.randn(0, 16, dtype=torch.float16))

@@ -18,26 +18,13 @@ PATTERNS = ("wgmma.mma_async", "mma.sync", "cp.async.bulk.tensor", "cp.async.cg.
 
 def inspect(m: int, n: int, k: int, key: str, dtype: str = "bf16") -> dict:
     from graphs import GemmProblem
-    from gnn_policy.kernels import launch as launch_mod
-    from gnn_policy.kernels.matmul import matmul_kernel
+    from gnn_policy.kernels.launch import compile_kernel
     from gnn_policy.measure.inputs import make_inputs
     from gnn_policy.space import TileConfig
 
     args = make_inputs(GemmProblem(m, n, k, dtype=dtype), "cuda", fill=False)
-    compiled = []
-    warmup = matmul_kernel.warmup
-
-    def keep(*a, **kw):
-        compiled.append(warmup(*a, **kw))
-        return compiled[-1]
-
-    matmul_kernel.warmup = keep
-    try:
-        launch_mod.launch(args["a"], args["b"], TileConfig.from_key(key), bias=None, activation=None,
-                          residual=None, compile_only=True)
-    finally:
-        matmul_kernel.warmup = warmup
-    kernel = compiled[-1]
+    kernel = compile_kernel(args["a"], args["b"], TileConfig.from_key(key), bias=None,
+                            activation=None, residual=None)
     kernel._init_handles()  # loads the binary: registers and spills are known only then
     ptx = kernel.asm["ptx"]
     counts = {p: len(re.findall(re.escape(p), ptx)) for p in PATTERNS}

@@ -6,7 +6,7 @@ what it checks is whether the config's load variant can serve these particular t
 from __future__ import annotations
 
 import dataclasses
-import functools
+from typing import Any
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -66,23 +66,51 @@ def _descriptor(name: str, op: Operand, block_rows: int, block_cols: int,
     return desc, (rows if folded > 1 else 0)
 
 
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_COUNTERS: dict[tuple[torch.device, int, bool], torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []
 
 
 def tile_counters(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 split-K tile counters for the current stream.
 
     The kernel's last K slice resets its tile's counter, so the buffer is zero again after
-    every launch and is reused without a memset. One buffer per stream: launches on one
-    stream run in order, launches on two streams must not share counters.
+    every launch and is reused without a memset. One buffer per stream, because launches on
+    one stream run in order; two CUDA graphs captured on one stream share it, so do not
+    replay them concurrently. A buffer is never freed (a captured graph may hold its address),
+    and one first made during a capture is kept apart from eager use: its zero-fill runs only
+    when the graph replays.
     """
-    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-    key = (device, stream)
-    buf = _COUNTERS.get(key)
+    cuda = device.type == "cuda"
+    stream = torch.cuda.current_stream(device).stream_id if cuda else 0
+    capturing = cuda and torch.cuda.is_current_stream_capturing()
+    buf = _COUNTERS.get((device, stream, False))
+    if capturing and (buf is None or buf.numel() < n):
+        buf = _COUNTERS.get((device, stream, True))
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _RETIRED.append(buf)
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
+        _COUNTERS[(device, stream, capturing)] = buf
     return buf
+
+
+INT32_MAX = 2**31 - 1
+
+
+def max_offset(t: torch.Tensor) -> int:
+    """The largest element offset from `t`'s first element (what the kernel's int32 math reaches)."""
+    return sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+
+
+def _dot_precision(a: torch.Tensor) -> str:
+    """fp32 follows torch's matmul setting; fp16 / bf16 ignore it."""
+    if a.dtype != torch.float32 or a.device.type == "cpu":
+        return "tf32"
+    try:
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+    except RuntimeError:  # torch refuses the legacy flag once fp32_precision was set
+        tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return "tf32" if tf32 else "ieee"
 
 
 def _output_descriptor(c3: torch.Tensor, config: TileConfig) -> tuple[TensorDescriptor | None, int]:
@@ -111,53 +139,71 @@ def _k_major(name: str, op: Operand, k_dim: int) -> bool:
         "use variant='ptr'")))
 
 
-def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,
-           activation: str | None, residual: torch.Tensor | None, out: torch.Tensor | None = None,
-           compile_only: bool = False) -> torch.Tensor:
-    """Run the template for a [B?, M, K] @ [B?, K, N] problem and return C.
+def _tma_args(config: TileConfig, pa: Operand, pb: Operand, k: int, batch: int) -> dict:
+    a_kmaj = _k_major("A", pa, -1)
+    b_kmaj = _k_major("B", pb, -2)
+    a_box = (config.block_m, config.block_k) if a_kmaj else (config.block_k, config.block_m)
+    b_box = (config.block_n, config.block_k) if b_kmaj else (config.block_k, config.block_n)
+    a_desc, a_rows = _descriptor("A", pa, *a_box, batch)
+    b_desc, b_rows = _descriptor("B", pb, *b_box, batch)
+    tail = k % config.block_k != 0
+    return dict(a_desc=a_desc, b_desc=b_desc, a_rows=a_rows, b_rows=b_rows, A_K_MAJOR=a_kmaj,
+                B_K_MAJOR=b_kmaj, MASK_A_K=tail and not a_kmaj and a_rows > 0,
+                MASK_B_K=tail and not b_kmaj and b_rows > 0)
 
-    `out` (contiguous, C's shape) is written in place; `compile_only` compiles the kernel for
-    these arguments into Triton's cache without running it.
-    """
+
+def _prepare(a, b, config, bias, activation, residual, out):
+    """Output, grid and kernel arguments for one call."""
     batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
-    m, k = a.shape[-2], a.shape[-1]
-    n = b.shape[-1]
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     out_shape = (batch, m, n) if max(a.dim(), b.dim()) == 3 else (m, n)
     c = torch.empty(out_shape, device=a.device, dtype=a.dtype) if out is None else out
     pa, pb = _operand(a, batch), _operand(b, batch)
     c3 = c.view(batch, m, n)
-    kw = dict(A_K_MAJOR=True, B_K_MAJOR=False, MASK_A_K=False, MASK_B_K=False)
-    a_desc = b_desc = None
-    a_rows = b_rows = 0
+    t = dict(a_desc=None, b_desc=None, a_rows=0, b_rows=0, A_K_MAJOR=True, B_K_MAJOR=False,
+             MASK_A_K=False, MASK_B_K=False)
     if config.variant == "tma":
-        a_kmaj = _k_major("A", pa, -1)
-        b_kmaj = _k_major("B", pb, -2)
-        a_box = (config.block_m, config.block_k) if a_kmaj else (config.block_k, config.block_m)
-        b_box = (config.block_n, config.block_k) if b_kmaj else (config.block_k, config.block_n)
-        a_desc, a_rows = _descriptor("A", pa, *a_box, batch)
-        b_desc, b_rows = _descriptor("B", pb, *b_box, batch)
-        tail = k % config.block_k != 0
-        kw = dict(A_K_MAJOR=a_kmaj, B_K_MAJOR=b_kmaj,
-                  MASK_A_K=tail and not a_kmaj and a_rows > 0,
-                  MASK_B_K=tail and not b_kmaj and b_rows > 0)
-    ws = lock = c
+        t = _tma_args(config, pa, pb, k, batch)
     g = grid(config, m, n, batch)
+    ws = lock = c
     if config.split_k > 1:
         ws = torch.empty(workspace_shape(config, m, n, batch), device=a.device, dtype=torch.float32)
         lock = tile_counters(a.device, batch * g[0])
     c_desc, c_rows = _output_descriptor(c3, config) if config.variant == "tma" else (None, 0)
     r = residual.expand(c.shape).reshape(batch, m, n) if residual is not None else None
     rs = r.stride() if r is not None else (0, 0, 0)
-    tf32 = a.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 or a.device.type == "cpu"
-    kernel = matmul_kernel[g] if not compile_only else functools.partial(matmul_kernel.warmup, grid=g)
-    kernel(
-        a, b, a_desc, b_desc, c3, c_desc, bias if bias is not None else c, r if r is not None else c,
-        ws, lock,
-        m, n, k, pa.batch_stride, a.stride(-2), a.stride(-1), pb.batch_stride, b.stride(-2), b.stride(-1),
-        *c3.stride(), *rs, a_rows, b_rows, c_rows,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=config.split_k, GROUP_M=config.group_m, USE_TMA=config.variant == "tma",
-        EVEN_K=even_k(config, k), ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=residual is not None, TMA_STORE=c_desc is not None, DOT_PRECISION="tf32" if tf32 else "ieee",
-        num_warps=config.num_warps, num_stages=config.num_stages, **kw)
+    args = (a, b, t.pop("a_desc"), t.pop("b_desc"), c3, c_desc, c if bias is None else bias,
+            c if r is None else r, ws, lock, m, n, k, pa.batch_stride, a.stride(-2), a.stride(-1),
+            pb.batch_stride, b.stride(-2), b.stride(-1), *c3.stride(), *rs,
+            t.pop("a_rows"), t.pop("b_rows"), c_rows)
+    meta = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                SPLIT_K=config.split_k, GROUP_M=config.group_m, USE_TMA=config.variant == "tma",
+                EVEN_K=even_k(config, k), ACTIVATION=ACTIVATIONS[activation],
+                HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+                TMA_STORE=c_desc is not None, DOT_PRECISION=_dot_precision(a),
+                num_warps=config.num_warps, num_stages=config.num_stages, **t)
+    return c, g, args, meta
+
+
+def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,
+           activation: str | None, residual: torch.Tensor | None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the template for a [B?, M, K] @ [B?, K, N] problem and return C.
+
+    `out` (contiguous, C's shape) is written in place.
+    """
+    c, g, args, meta = _prepare(a, b, config, bias, activation, residual, out)
+    if a.device.type == "cuda" and a.device.index not in (None, torch.cuda.current_device()):
+        with torch.cuda.device(a.device):  # Triton launches on the current device
+            matmul_kernel[g](*args, **meta)
+    else:
+        matmul_kernel[g](*args, **meta)
     return c
+
+
+def compile_kernel(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,
+                   activation: str | None, residual: torch.Tensor | None) -> Any:
+    """Compile (without running) the kernel these arguments need; returns Triton's CompiledKernel."""
+    _, g, args, meta = _prepare(a, b, config, bias, activation, residual, None)
+    with torch.cuda.device(a.device):
+        return matmul_kernel.warmup(*args, grid=g, **meta)

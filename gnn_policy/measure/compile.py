@@ -28,7 +28,7 @@ class CompileResult:
 
 
 def _compile_chunk(problem: GemmProblem, configs: Sequence[TileConfig]) -> list[CompileResult]:
-    from gnn_policy.kernels.launch import LayoutError, launch
+    from gnn_policy.kernels.launch import LayoutError, compile_kernel
     from gnn_policy.measure.inputs import make_inputs
 
     args = make_inputs(problem, "cuda", fill=False)
@@ -36,8 +36,8 @@ def _compile_chunk(problem: GemmProblem, configs: Sequence[TileConfig]) -> list[
     for config in configs:
         start = time.perf_counter()
         try:
-            launch(args["a"], args["b"], config, bias=args["bias"], activation=args["activation"],
-                   residual=args["residual"], compile_only=True)
+            compile_kernel(args["a"], args["b"], config, bias=args["bias"],
+                           activation=args["activation"], residual=args["residual"])
             status, error = "ok", ""
         except LayoutError as exc:
             status, error = "invalid", str(exc)
