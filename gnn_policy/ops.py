@@ -101,6 +101,12 @@ def _check_extras(a, n, out_shape, bias, activation, residual) -> None:
         raise ValueError("matmul: residual spans more than 2**31 elements (32-bit offsets)")
 
 
+def _check_no_grad(**tensors: torch.Tensor | None) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors.values()):
+        raise ValueError("matmul: the Triton template has no backward pass; call it under "
+                         "torch.no_grad() (inference), or use torch.matmul where gradients are needed")
+
+
 def _check_devices(**tensors: torch.Tensor | None) -> None:
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:
@@ -165,6 +171,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     m, n, k, out_shape = _check_operands(a, b)
     _check_extras(a, n, out_shape, bias, activation, residual)
     _check_devices(a=a, b=b, bias=bias, residual=residual)
+    _check_no_grad(a=a, b=b, bias=bias, residual=residual)
     if len(out_shape) == 3 and out_shape[0] == 0:
         return torch.empty(out_shape, dtype=a.dtype, device=a.device)
     gpu = gpu_for(a.device)

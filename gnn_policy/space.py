@@ -58,7 +58,10 @@ class TileConfig:
         if not m:
             raise ValueError(f"not a TileConfig key: {key!r} (expected e.g. {_EXAMPLE_KEY!r})")
         *ints, variant = m.groups()
-        return cls(*(int(v) for v in ints), variant=variant)
+        config = cls(*(int(v) for v in ints), variant=variant)
+        if config.key != key:
+            raise ValueError(f"not a canonical TileConfig key: {key!r} (canonical: {config.key!r})")
+        return config
 
     def to_triton(self) -> Any:
         """A `triton.Config` with the template's meta-parameter names."""

@@ -32,7 +32,7 @@ class GemmProblem:
     def __post_init__(self) -> None:
         for name in ("m", "n", "k", "batch"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GemmProblem.{name} must be an int >= 1, got {value!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"GemmProblem.dtype must be one of {DTYPES}, got {self.dtype!r}")

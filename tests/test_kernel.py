@@ -152,6 +152,9 @@ def test_error_messages():
     _raises("batch mismatch", a=torch.randn(2, 8, 16, dtype=torch.float16), b=torch.randn(3, 16, 24, dtype=torch.float16))
     _raises("M, N and K must be >= 1", a=torch.randn(0, 16, dtype=torch.float16))
     _raises("config must be a gnn_policy.TileConfig", TypeError, config={"BLOCK_M": 64})
+    _raises("no backward pass", a=torch.randn(8, 16, dtype=torch.float16, requires_grad=True))
+    with torch.no_grad():
+        matmul(torch.randn(8, 16, requires_grad=True), torch.randn(16, 24))
 
 
 def test_invalid_config_names_the_rule():

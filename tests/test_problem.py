@@ -14,7 +14,8 @@ def test_key_and_flops():
     assert p.bytes_min() == 2 * (16 * 4096 + 4096 * 4096 + 16 * 4096 + 4096)
 
 
-@pytest.mark.parametrize("bad", [dict(m=0), dict(dtype="fp8"), dict(a_layout="diag"), dict(activation="tanh")])
+@pytest.mark.parametrize("bad", [dict(m=0), dict(m=True), dict(dtype="fp8"), dict(a_layout="diag"),
+                                 dict(activation="tanh")])
 def test_validation(bad):
     with pytest.raises(ValueError):
         GemmProblem(**(dict(m=4, n=4, k=4) | bad))

@@ -53,6 +53,8 @@ def test_constructor_rejects_bad_values(bad):
 def test_bad_key_is_an_error():
     with pytest.raises(ValueError, match="not a TileConfig key"):
         TileConfig.from_key("bm64_bn64")
+    with pytest.raises(ValueError, match="canonical"):
+        TileConfig.from_key("bm064_bn64_bk32_sk1_gm8_w4_s3_ptr")
 
 
 def test_triton_round_trip():
