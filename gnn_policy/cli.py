@@ -9,6 +9,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 import hardware_specs
+from gnn_policy.database import DEFAULT_PATH, DatabaseError
 
 
 def _flag(default: Any, help: str, **extra: Any) -> Any:
@@ -22,6 +23,14 @@ class SpecsArgs:
     json: bool = _flag(False, "print a JSON list of objects with the YAML's field names")
     space: bool = _flag(False, "print how many configs of each space are valid per GPU and dtype")
     gpu: tuple[str, ...] = _flag(("h200", "a100"), "GPUs for --space (repeatable)", action="append")
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsArgs:
+    """Count the measurements in a database: per GPU, source and status."""
+
+    db: str = _flag(str(DEFAULT_PATH), "the SQLite database ($GNN_POLICY_DB)")
+    json: bool = _flag(False, "print JSON: gpus -> name -> {real_ok, real_failed, problems, configs}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +90,21 @@ def run_specs(args: SpecsArgs) -> int:
     return 0
 
 
+def run_stats(args: StatsArgs) -> int:
+    from gnn_policy.database import Database
+
+    with Database(os.path.expanduser(args.db), create=False) as db:
+        stats = db.stats()
+    if args.json:
+        print(json.dumps({"gpus": stats["gpus"]}, indent=1))
+        return 0
+    rows = [(name, s["real_ok"], s["real_failed"], s["problems"], s["configs"],
+             ", ".join(f"{k}: {v}" for k, v in stats["by_source_status"][name].items()))
+            for name, s in stats["gpus"].items()]
+    print(_format(("gpu", "real ok", "real failed", "problems", "configs", "rows by source/status"), rows))
+    return 0
+
+
 def run_demo(args: DemoArgs) -> int:
     import torch
 
@@ -95,6 +119,7 @@ def run_demo(args: DemoArgs) -> int:
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
+    "stats": (StatsArgs, run_stats),
 }
 
 
@@ -129,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, args = parse(argv)
     try:
         return COMMANDS[name][1](args)
-    except hardware_specs.SpecError as exc:
+    except (hardware_specs.SpecError, DatabaseError) as exc:
         print(f"gnn-policy {name}: {exc}", file=sys.stderr)
         return 2
 

@@ -49,3 +49,22 @@ def test_flags_come_from_the_dataclass():
     assert name == "specs" and args.json and args.gpu == ("h100", "l4")
     with pytest.raises(SystemExit):
         parse(["tune"])
+
+
+def test_stats_counts_a_database(tmp_path):
+    from graphs import GemmProblem
+    from gnn_policy.database import Database
+    from gnn_policy.measure.result import Measurement
+    from gnn_policy.space import TileConfig
+
+    p, c = GemmProblem(8, 8, 8), TileConfig(16, 16, 16)
+    with Database(tmp_path / "m.sqlite") as db:
+        db.add([(Measurement("H200-SXM-141GB", p.key, c.key, "ok", median_ms=1.0, tflops=1.0), p, c),
+                (Measurement("H200-SXM-141GB", p.key, "cublas", "timeout"), p, None)])
+    res = _cli("stats", "--db", str(tmp_path / "m.sqlite"), "--json")
+    assert json.loads(res.stdout) == {"gpus": {"H200-SXM-141GB": {"real_ok": 1, "real_failed": 1,
+                                                                   "problems": 1, "configs": 2}}}
+    table = _cli("stats", "--db", str(tmp_path / "m.sqlite")).stdout
+    assert "real/timeout: 1" in table
+    missing = _cli("stats", "--db", str(tmp_path / "none.sqlite"))
+    assert missing.returncode == 2 and "no database at" in missing.stderr

@@ -1,0 +1,168 @@
+"""The measurement database: SQLite (stdlib), WAL mode, one transaction per batch.
+
+Schema (SCHEMA below is the one definition):
+- meta(key, value): `app` = 'gnn-policy' and `schema` version; a file without them is not
+  ours and is refused, never overwritten.
+- gpus(name), problems(key + every GemmProblem field), configs(key + every TileConfig field,
+  plus the row 'cublas' for torch.matmul).
+- measurements: one row per (gpu, problem, config, source, versions), with the status, the
+  per-call median and p10 / p90 times, TFLOP/s, the max relative error, the SM clock and
+  the error text of a failure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+from pathlib import Path
+from typing import Iterable
+
+from graphs import GemmProblem
+from gnn_policy.measure.result import CUBLAS, Measurement
+from gnn_policy.space import TileConfig
+
+APP, SCHEMA_VERSION = "gnn-policy", "1"
+DEFAULT_PATH = Path(os.environ.get("GNN_POLICY_DB", "~/.cache/gnn-policy/measurements.sqlite")).expanduser()
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS gpus (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL);
+CREATE TABLE IF NOT EXISTS problems (
+    id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, m INTEGER, n INTEGER, k INTEGER,
+    batch INTEGER, dtype TEXT, a_layout TEXT, b_layout TEXT, bias INTEGER, activation TEXT,
+    residual INTEGER, model TEXT, layer TEXT);
+CREATE TABLE IF NOT EXISTS configs (
+    id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, block_m INTEGER, block_n INTEGER,
+    block_k INTEGER, split_k INTEGER, group_m INTEGER, num_warps INTEGER, num_stages INTEGER,
+    variant TEXT);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY,
+    gpu_id INTEGER NOT NULL REFERENCES gpus(id),
+    problem_id INTEGER NOT NULL REFERENCES problems(id),
+    config_id INTEGER NOT NULL REFERENCES configs(id),
+    source TEXT NOT NULL, versions TEXT NOT NULL, status TEXT NOT NULL,
+    median_ms REAL, p10_ms REAL, p90_ms REAL, tflops REAL, max_rel_err REAL, sm_mhz INTEGER,
+    error TEXT NOT NULL DEFAULT '',
+    created_at TEXT NOT NULL DEFAULT (datetime('now')),
+    UNIQUE (gpu_id, problem_id, config_id, source, versions));
+"""
+
+
+class DatabaseError(RuntimeError):
+    """The file is not a gnn-policy database, or is damaged."""
+
+
+class Database:
+    """Measurements of many GPUs, problems and configs; safe to re-open and resume."""
+
+    def __init__(self, path: str | Path = DEFAULT_PATH, *, create: bool = True):
+        self.path = Path(path)
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        if not existed and not create:
+            raise DatabaseError(f"no database at {self.path}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path)
+        try:
+            if existed:
+                self._check_ours()
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            with self.conn:
+                self.conn.executescript(SCHEMA)
+                self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('app', ?)", (APP,))
+                self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        except sqlite3.DatabaseError as exc:
+            self.conn.close()
+            raise DatabaseError(f"{self.path}: not a readable SQLite database ({exc}); "
+                                "it was left untouched") from None
+        except DatabaseError:
+            self.conn.close()
+            raise
+
+    def _check_ours(self) -> None:
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        app = None
+        if "meta" in tables:
+            row = self.conn.execute("SELECT value FROM meta WHERE key='app'").fetchone()
+            app = row and row[0]
+        if app != APP:
+            raise DatabaseError(f"{self.path}: an SQLite file that is not a gnn-policy database "
+                                f"(tables: {sorted(tables) or 'none'}); it was left untouched")
+        if self.conn.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+            raise DatabaseError(f"{self.path}: the database is damaged (PRAGMA quick_check failed)")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _id(self, table: str, key_col: str, key: str, values: dict | None = None) -> int:
+        row = self.conn.execute(f"SELECT id FROM {table} WHERE {key_col}=?", (key,)).fetchone()
+        if row:
+            return row[0]
+        cols = {key_col: key, **(values or {})}
+        marks = ",".join("?" * len(cols))
+        cur = self.conn.execute(f"INSERT INTO {table} ({','.join(cols)}) VALUES ({marks})", tuple(cols.values()))
+        return cur.lastrowid
+
+    def add_problem(self, problem: GemmProblem) -> int:
+        return self._id("problems", "key", problem.key, dataclasses.asdict(problem))
+
+    def add_config(self, config: TileConfig | None) -> int:
+        if config is None:
+            return self._id("configs", "key", CUBLAS)
+        return self._id("configs", "key", config.key, dataclasses.asdict(config))
+
+    def add(self, rows: Iterable[tuple[Measurement, GemmProblem, TileConfig | None]]) -> int:
+        """Store a batch in one transaction (all or nothing); existing rows are kept. Returns rows added."""
+        added = 0
+        with self.conn:
+            for m, problem, config in rows:
+                if m.problem != problem.key or m.config != (config.key if config else CUBLAS):
+                    raise ValueError(f"measurement {m.problem}/{m.config} does not match its problem/config")
+                gpu_id = self._id("gpus", "name", m.gpu)
+                pid, cid = self.add_problem(problem), self.add_config(config)
+                cur = self.conn.execute(
+                    "INSERT OR IGNORE INTO measurements (gpu_id, problem_id, config_id, source, versions,"
+                    " status, median_ms, p10_ms, p90_ms, tflops, max_rel_err, sm_mhz, error)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (gpu_id, pid, cid, m.source, m.versions, m.status, m.median_ms, m.p10_ms,
+                     m.p90_ms, m.tflops, m.max_rel_err, m.sm_mhz, m.error))
+                added += cur.rowcount
+        return added
+
+    def measured(self, gpu: str, source: str = "real") -> set[tuple[str, str]]:
+        """(problem key, config key) pairs already measured on `gpu` from `source`: what to skip."""
+        rows = self.conn.execute(
+            "SELECT p.key, c.key FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
+            "JOIN problems p ON p.id=m.problem_id JOIN configs c ON c.id=m.config_id "
+            "WHERE g.name=? AND m.source=?", (gpu, source))
+        return set(rows)
+
+    def best_known(self, gpu: str, problem: str) -> tuple[str, float] | None:
+        """The highest real TFLOP/s of a correct Triton config (cuBLAS excluded) and its key."""
+        row = self.conn.execute(
+            "SELECT c.key, MAX(m.tflops) FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
+            "JOIN problems p ON p.id=m.problem_id JOIN configs c ON c.id=m.config_id "
+            "WHERE g.name=? AND p.key=? AND m.source='real' AND m.status='ok' AND c.key != ?",
+            (gpu, problem, CUBLAS)).fetchone()
+        return (row[0], row[1]) if row and row[0] is not None else None
+
+    def stats(self) -> dict:
+        """{'gpus': name -> {real_ok, real_failed, problems, configs}, 'by_source_status': name -> counts}."""
+        out: dict = {"gpus": {}, "by_source_status": {}}
+        for (name,) in self.conn.execute("SELECT name FROM gpus ORDER BY name"):
+            q = ("SELECT m.source, m.status, COUNT(*) FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
+                 "WHERE g.name=? GROUP BY m.source, m.status")
+            by = {(src, st): n for src, st, n in self.conn.execute(q, (name,))}
+            distinct = self.conn.execute(
+                "SELECT COUNT(DISTINCT problem_id), COUNT(DISTINCT config_id) FROM measurements m "
+                "JOIN gpus g ON g.id=m.gpu_id WHERE g.name=?", (name,)).fetchone()
+            out["gpus"][name] = {
+                "real_ok": by.get(("real", "ok"), 0),
+                "real_failed": sum(n for (src, st), n in by.items() if src == "real" and st != "ok"),
+                "problems": distinct[0], "configs": distinct[1]}
+            out["by_source_status"][name] = {f"{src}/{st}": n for (src, st), n in sorted(by.items())}
+        return out
