@@ -7,6 +7,9 @@ timed, with the one method of `timing.time_graph` on rotated input sets.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import subprocess
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +17,10 @@ import torch.nn.functional as F
 from graphs import GemmProblem
 from gnn_policy.kernels.launch import launch
 from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error
+import hardware_specs
+from gnn_policy.measure.clocks import sm_clock_mhz
 from gnn_policy.measure.inputs import make_inputs
+from gnn_policy.measure.result import CUBLAS, Measurement
 from gnn_policy.measure.timing import Timing, rotation_count, time_graph
 from gnn_policy.space import TileConfig
 
@@ -71,3 +77,48 @@ class Bench:
                 out = out + s["residual"]
 
         return time_graph(run, len(self.sets), replays=replays)
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> str:
+    """The software that produced a real row: its `versions` field."""
+    import triton
+
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip().splitlines()
+    return (f"torch {torch.__version__}; triton {triton.__version__}; cuda {torch.version.cuda}; "
+            f"driver {driver[0] if driver else '?'}")
+
+
+def _status_of(exc: Exception) -> str:
+    name = type(exc).__name__
+    if name == "OutOfResources":
+        return "out_of_resources"
+    if name in ("CompilationError", "CompileTimeAssertionFailure"):
+        return "compile_error"
+    return "crashed"
+
+
+def measure_configs(problem, configs: Sequence[TileConfig | None], *, gpu: str, replays: int = 10,
+                    seed: int = 0) -> Iterator[Measurement]:
+    """Check then time each config (None: cuBLAS) on the local GPU; one Measurement each.
+
+    Runs inside a `WorkerPool` child: a `crashed` row (any other exception, a CUDA error
+    among them, after which the context is unusable) ends the child, and the pool starts a
+    fresh one for the configs after it.
+    """
+    bench = Bench(problem, hardware_specs.load(gpu).l2_bytes, seed=seed)
+    base = dict(gpu=gpu, problem=problem.key, versions=environment())
+    for config in configs:
+        key = config.key if config else CUBLAS
+        try:
+            checked = bench.check(config) if config else None
+            if checked and not checked.ok:
+                yield Measurement(config=key, status="wrong_result", max_rel_err=checked.error, **base)
+                continue
+            t = bench.time(config, replays) if config else bench.time_cublas(replays)
+            yield Measurement(config=key, status="ok", median_ms=t.median_ms, p10_ms=t.p10_ms,
+                              p90_ms=t.p90_ms, tflops=t.tflops(problem.flops), sm_mhz=sm_clock_mhz(),
+                              max_rel_err=checked.error if checked else None, **base)
+        except Exception as exc:  # noqa: BLE001 - every outcome is a row
+            yield Measurement(config=key, status=_status_of(exc), error=f"{type(exc).__name__}: {exc}"[:500], **base)

@@ -1,0 +1,26 @@
+"""A measuring function for worker tests: no GPU, with planted crashes and hangs."""
+import os
+import time
+
+from gnn_policy.measure.result import Measurement
+
+
+def measure(problem, configs, *, gpu, crash_on=(), hang_on=(), report_crash_on=(), calls_file=None):
+    for config in configs:
+        if config is None:  # cuBLAS
+            if calls_file:
+                with open(calls_file, "a") as f:
+                    f.write("cublas\n")
+            yield Measurement(gpu, problem.key, "cublas", "ok", median_ms=1.0, tflops=1.0)
+            continue
+        if calls_file:
+            with open(calls_file, "a") as f:
+                f.write(config.key + "\n")
+        if config.block_m in crash_on:
+            os._exit(3)  # what a faulting kernel does to its process
+        if config.block_m in hang_on:
+            time.sleep(3600)
+        if config.block_m in report_crash_on:  # what the real runner does after a CUDA error
+            yield Measurement(gpu, problem.key, config.key, "crashed", error="CUDA error: illegal address")
+            continue
+        yield Measurement(gpu, problem.key, config.key, "ok", median_ms=1.0, tflops=float(config.block_m))

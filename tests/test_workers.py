@@ -1,0 +1,33 @@
+"""The restartable measuring worker, with a fake runner that crashes and hangs on purpose."""
+from graphs import GemmProblem
+from gnn_policy.measure.workers import WorkerPool
+from gnn_policy.space import TileConfig
+
+P = GemmProblem(64, 64, 64)
+CONFIGS = [TileConfig(bm, 64, 32) for bm in (16, 32, 64, 128, 256)]
+
+
+def test_every_config_gets_a_row_in_order_through_crashes_and_hangs(tmp_path):
+    calls = tmp_path / "calls.txt"
+    with WorkerPool("fake_runner:measure", gpu="H200-SXM-141GB", timeout_s=2.0,
+                    crash_on=(32,), hang_on=(128,), calls_file=str(calls)) as pool:
+        rows = list(pool.run(P, CONFIGS))
+        assert pool.restarts == 2
+        again = list(pool.run(P, CONFIGS[:1]))  # the restarted worker keeps serving
+    assert [r.config for r in rows] == [c.key for c in CONFIGS]
+    assert [r.status for r in rows] == ["ok", "crashed", "ok", "timeout", "ok"]
+    assert "exited (code 3)" in rows[1].error and "within 2 s" in rows[3].error
+    assert again[0].status == "ok"
+    # nothing was measured twice: the configs after a failure go to the fresh worker
+    assert calls.read_text().split() == [c.key for c in CONFIGS] + [CONFIGS[0].key]
+
+
+def test_a_reported_crash_restarts_the_worker_without_losing_the_rest(tmp_path):
+    calls = tmp_path / "calls.txt"
+    with WorkerPool("fake_runner:measure", gpu="H200-SXM-141GB", timeout_s=5.0,
+                    report_crash_on=(64,), calls_file=str(calls)) as pool:
+        rows = list(pool.run(P, CONFIGS + [None]))
+        assert pool.restarts == 1
+    assert [r.status for r in rows][:5] == ["ok", "ok", "crashed", "ok", "ok"]
+    assert rows[2].error.startswith("CUDA error") and rows[5].config == "cublas"
+    assert calls.read_text().split() == [c.key for c in CONFIGS] + ["cublas"]
