@@ -9,35 +9,33 @@ import sys
 from typing import Any, Callable, Sequence
 
 import hardware_specs
+from gnn_policy.args import add_fields, build, flag
+from gnn_policy.collect import CollectArgs
 from gnn_policy.database import DEFAULT_PATH, DatabaseError
-
-
-def _flag(default: Any, help: str, **extra: Any) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
 @dataclasses.dataclass(frozen=True)
 class SpecsArgs:
     """Print the GPU specs this project knows (hardware_specs/*.yaml)."""
 
-    json: bool = _flag(False, "print a JSON list of objects with the YAML's field names")
-    space: bool = _flag(False, "print how many configs of each space are valid per GPU and dtype")
-    gpu: tuple[str, ...] = _flag(("h200", "a100"), "GPUs for --space (repeatable)", action="append")
+    json: bool = flag(False, "print a JSON list of objects with the YAML's field names")
+    space: bool = flag(False, "print how many configs of each space are valid per GPU and dtype")
+    gpu: tuple[str, ...] = flag(("h200", "a100"), "GPUs for --space (repeatable)", action="append")
 
 
 @dataclasses.dataclass(frozen=True)
 class StatsArgs:
     """Count the measurements in a database: per GPU, source and status."""
 
-    db: str = _flag(str(DEFAULT_PATH), "the SQLite database ($GNN_POLICY_DB)")
-    json: bool = _flag(False, "print JSON: gpus -> name -> {real_ok, real_failed, problems, configs}")
+    db: str = flag(str(DEFAULT_PATH), "the SQLite database ($GNN_POLICY_DB)")
+    json: bool = flag(False, "print JSON: gpus -> name -> {real_ok, real_failed, problems, configs}")
 
 
 @dataclasses.dataclass(frozen=True)
 class DemoArgs:
     """Run the Triton GEMM on a few problems and check each against torch in float64."""
 
-    seed: int = _flag(0, "random seed for the inputs")
+    seed: int = flag(0, "random seed for the inputs")
 
 
 def specs_table(names: Sequence[str]) -> str:
@@ -116,38 +114,30 @@ def run_demo(args: DemoArgs) -> int:
     return demo(args.seed)
 
 
+def run_collect(args: CollectArgs) -> int:
+    from gnn_policy.collect import run
+
+    counts = run(args)
+    print(json.dumps(counts, sort_keys=True))
+    return 0
+
+
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
+    "collect": (CollectArgs, run_collect),
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
     "stats": (StatsArgs, run_stats),
 }
 
 
-def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        meta = dict(f.metadata)
-        help_text = meta.pop("help")
-        if f.type in (bool, "bool"):
-            parser.add_argument(flag, action="store_true", help=help_text)
-        elif meta.get("action") == "append":
-            parser.add_argument(flag, action="append", default=None, help=f"{help_text} (default: {', '.join(f.default)})")
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default, help=f"{help_text} (default: {f.default})")
-
-
 def parse(argv: Sequence[str] | None = None) -> tuple[str, Any]:
     parser = argparse.ArgumentParser(prog="gnn-policy", description="A learned autotuner for Triton GEMM kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (cls, _) in COMMANDS.items():
-        _add_fields(sub.add_parser(name, help=cls.__doc__, description=cls.__doc__), cls)
+        add_fields(sub.add_parser(name, help=cls.__doc__, description=cls.__doc__), cls)
     ns = vars(parser.parse_args(argv))
     name = ns.pop("command")
-    cls = COMMANDS[name][0]
-    values = {k: v for k, v in ns.items() if v is not None}
-    if "gpu" in values:
-        values["gpu"] = tuple(values["gpu"])
-    return name, cls(**values)
+    return name, build(COMMANDS[name][0], ns)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

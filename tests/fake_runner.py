@@ -5,7 +5,7 @@ import time
 from gnn_policy.measure.result import Measurement
 
 
-def measure(problem, configs, *, gpu, crash_on=(), hang_on=(), report_crash_on=(), calls_file=None):
+def measure(problem, configs, *, gpu, crash_on=(), hang_on=(), report_crash_on=(), calls_file=None, **_):
     for config in configs:
         if config is None:  # cuBLAS
             if calls_file:

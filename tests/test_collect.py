@@ -1,0 +1,46 @@
+"""gnn-policy collect with a fake runner: what it measures, that it resumes, that rows land."""
+from collections import Counter
+
+import hardware_specs
+from gnn_policy.collect import CollectArgs, plan, run, select_problems, stratified_configs
+from gnn_policy.database import Database
+from gnn_policy.space import space, violations
+
+H200 = hardware_specs.load("h200")
+
+
+def test_problem_selection_spreads_over_families():
+    chosen = select_problems("all", 30, seed=0)
+    assert len(chosen) == 30 and len({p.key for p in chosen}) == 30
+    per_family = Counter(p.model for p in chosen)
+    assert len(per_family) == 10 and max(per_family.values()) - min(per_family.values()) <= 1
+    assert len(select_problems("test", 0, seed=0)) == len(select_problems("test", 10**6, seed=0))
+
+
+def test_stratified_sample_covers_variants_and_split_k():
+    import random
+
+    valid = [c for c in space("full") if not violations(c, H200, "bf16", 4096)]
+    picked = stratified_configs(valid, 200, random.Random(0))
+    assert len(picked) == 200 and len(set(picked)) == 200
+    groups = Counter((c.variant, c.split_k) for c in picked)
+    assert len(groups) == 10 and min(groups.values()) >= 20
+
+
+def test_plan_has_cublas_named_lists_and_only_valid_configs():
+    problem = select_problems("test", 1, seed=1)[0]
+    (p, configs), = plan([problem], H200, CollectArgs(db="unused", configs=50))
+    assert configs[0] is None and len(configs) > 50
+    assert all(not violations(c, H200, p.dtype, p.k) for c in configs[1:])
+
+
+def test_collect_stores_rows_and_resumes(tmp_path):
+    args = CollectArgs(db=str(tmp_path / "m.sqlite"), gpu="h200", split="test", problems=3, configs=6,
+                       runner="fake_runner:measure", timeout=30)
+    first = run(args)
+    assert first["measured"] > 3 * 6 and first["ok"] == first["measured"]
+    again = run(args)
+    assert again.get("measured", 0) == 0 and again["skipped"] == first["measured"]
+    with Database(tmp_path / "m.sqlite") as db:
+        stats = db.stats()["gpus"]["H200-SXM-141GB"]
+    assert stats["problems"] == 3 and stats["real_ok"] == first["measured"]
