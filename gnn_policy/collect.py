@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Sequence
 
 from graphs import GemmProblem
@@ -34,6 +36,7 @@ class CollectArgs:
     replays: int = flag(10, "CUDA-graph replays per timing")
     runner: str = flag("gnn_policy.measure.runner:measure_configs",
                        "dotted path of the measuring function (package.module:function)")
+    shard_dir: str = flag("", "write the rows this run adds to a new shard here (e.g. data/measurements)")
 
 
 def select_problems(name: str, count: int, seed: int) -> list[GemmProblem]:
@@ -91,11 +94,14 @@ def run(args: CollectArgs) -> dict:
     import hardware_specs
     from gnn_policy.database import Database
     from gnn_policy.measure.workers import WorkerPool
+    from gnn_policy.snapshot import export_shard, load_shipped
 
     gpu = hardware_specs.load(args.gpu) if args.gpu else hardware_specs.detect()
     problems = select_problems(args.split, args.problems, args.seed)
     counts: dict[str, int] = defaultdict(int)
     with Database(args.db) as db:
+        counts["loaded_from_shards"] = load_shipped(db)
+        first_new = db.max_id()
         done = db.measured(gpu.name)
         todo = []
         for p, configs in plan(problems, gpu, args):
@@ -118,4 +124,7 @@ def run(args: CollectArgs) -> dict:
                     bar.update(1)
                 db.add(rows)
                 counts["measured"] += len(rows)
+        if args.shard_dir:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_{stamp}.jsonl.gz", first_new)
     return dict(counts)

@@ -15,7 +15,7 @@ import dataclasses
 import os
 import sqlite3
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from graphs import GemmProblem
 from gnn_policy.measure.result import CUBLAS, Measurement
@@ -132,6 +132,33 @@ class Database:
                      m.p90_ms, m.tflops, m.max_rel_err, m.sm_mhz, m.error))
                 added += cur.rowcount
         return added
+
+    def max_id(self) -> int:
+        return self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM measurements").fetchone()[0]
+
+    def meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def rows_after(self, min_id: int) -> Iterator[dict]:
+        """Measurement rows with id > min_id, joined with their gpu, problem and config keys."""
+        cols = ("gpu", "problem", "config", "source", "versions", "status", "median_ms", "p10_ms",
+                "p90_ms", "tflops", "max_rel_err", "sm_mhz", "error")
+        pcols = ("m", "n", "k", "batch", "dtype", "a_layout", "b_layout", "bias", "activation",
+                 "residual", "model", "layer")
+        q = ("SELECT g.name, p.key, c.key, m.source, m.versions, m.status, m.median_ms, m.p10_ms, "
+             "m.p90_ms, m.tflops, m.max_rel_err, m.sm_mhz, m.error, "
+             + ", ".join(f"p.{c}" for c in pcols) +
+             " FROM measurements m JOIN gpus g ON g.id=m.gpu_id JOIN problems p ON p.id=m.problem_id"
+             " JOIN configs c ON c.id=m.config_id WHERE m.id > ? ORDER BY m.id")
+        for row in self.conn.execute(q, (min_id,)):
+            out = dict(zip(cols, row[:len(cols)]))
+            out["problem_fields"] = dict(zip(pcols, row[len(cols):]))
+            yield out
 
     def measured(self, gpu: str, source: str = "real") -> set[tuple[str, str]]:
         """(problem key, config key) pairs already measured on `gpu` from `source`: what to skip."""

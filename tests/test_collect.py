@@ -36,11 +36,13 @@ def test_plan_has_cublas_named_lists_and_only_valid_configs():
 
 def test_collect_stores_rows_and_resumes(tmp_path):
     args = CollectArgs(db=str(tmp_path / "m.sqlite"), gpu="h200", split="test", problems=3, configs=6,
-                       runner="fake_runner:measure", timeout=30)
+                       runner="fake_runner:measure", timeout=30, shard_dir=str(tmp_path / "shards"))
     first = run(args)
     assert first["measured"] > 3 * 6 and first["ok"] == first["measured"]
+    assert first["shard_rows"] == first["measured"] and len(list((tmp_path / "shards").iterdir())) == 1
     again = run(args)
     assert again.get("measured", 0) == 0 and again["skipped"] == first["measured"]
+    assert "shard_rows" not in again or again["shard_rows"] == 0
     with Database(tmp_path / "m.sqlite") as db:
         stats = db.stats()["gpus"]["H200-SXM-141GB"]
     assert stats["problems"] == 3 and stats["real_ok"] == first["measured"]

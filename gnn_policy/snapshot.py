@@ -1,0 +1,61 @@
+"""The shipped measurement snapshot: append-only gzip'd JSON-lines shards, one per collection run.
+
+A shard is written at the end of a `collect` run with the rows that run added, and is loaded
+into the SQLite database on first use (recorded in its meta table, so never twice). Shards
+instead of one committed SQLite file, because re-committing a growing binary after every run
+would bloat the git history.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from graphs import GemmProblem
+from gnn_policy.database import Database
+from gnn_policy.measure.result import CUBLAS, Measurement
+from gnn_policy.space import TileConfig
+
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "measurements"
+
+
+def export_shard(db: Database, path: Path, after_id: int) -> int:
+    """Write the rows with id > after_id to a new shard; returns the number written (0: no file)."""
+    rows = list(db.rows_after(after_id))
+    if not rows:
+        return 0
+    if path.exists():
+        raise FileExistsError(f"{path}: shards are append-only; choose a new name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        for row in rows:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+    return len(rows)
+
+
+def _decode(row: dict) -> tuple[Measurement, GemmProblem, TileConfig | None]:
+    fields = dict(row["problem_fields"], bias=bool(row["problem_fields"]["bias"]),
+                  residual=bool(row["problem_fields"]["residual"]))
+    problem = GemmProblem(**fields)
+    config = None if row["config"] == CUBLAS else TileConfig.from_key(row["config"])
+    m = Measurement(**{k: v for k, v in row.items() if k != "problem_fields"})
+    if m.problem != problem.key:
+        raise ValueError(f"shard row for {m.problem} describes problem {problem.key}")
+    return m, problem, config
+
+
+def import_shard(db: Database, path: Path) -> int:
+    """Load one shard unless it was loaded before; returns the rows added."""
+    marker = f"shard:{path.name}"
+    if db.meta(marker):
+        return 0
+    with gzip.open(path, "rt") as f:
+        rows = [_decode(json.loads(line)) for line in f if line.strip()]
+    added = db.add(rows)
+    db.set_meta(marker, str(len(rows)))
+    return added
+
+
+def load_shipped(db: Database, folder: Path = SHIPPED) -> int:
+    """Load every shard in `folder` that this database has not seen yet."""
+    return sum(import_shard(db, p) for p in sorted(folder.glob("*.jsonl.gz")))

@@ -1,0 +1,43 @@
+"""Snapshot shards: export a run's rows, load them elsewhere once, never overwrite a shard."""
+import pytest
+
+from graphs import GemmProblem
+from gnn_policy.database import Database
+from gnn_policy.measure.result import Measurement
+from gnn_policy.snapshot import export_shard, import_shard, load_shipped
+from gnn_policy.space import TileConfig
+
+P = GemmProblem(16, 4096, 4096, dtype="bf16", bias=True, activation="gelu", model="Qwen2-7B", layer="q_proj")
+C = TileConfig(16, 64, 128, 4, variant="tma")
+
+
+def _rows():
+    return [(Measurement("H200-SXM-141GB", P.key, C.key, "ok", median_ms=0.01, p10_ms=0.009, p90_ms=0.011,
+                         tflops=40.0, max_rel_err=1e-3, sm_mhz=1980, versions="v"), P, C),
+            (Measurement("H200-SXM-141GB", P.key, "cublas", "ok", median_ms=0.012, tflops=35.0, versions="v"), P, None),
+            (Measurement("H200-SXM-141GB", P.key, TileConfig(64, 64, 64).key, "timeout", error="slow"), P,
+             TileConfig(64, 64, 64))]
+
+
+def test_round_trip_through_a_shard(tmp_path):
+    with Database(tmp_path / "a.sqlite") as a:
+        before = a.max_id()
+        a.add(_rows())
+        assert export_shard(a, tmp_path / "shards" / "run1.jsonl.gz", before) == 3
+        assert export_shard(a, tmp_path / "shards" / "empty.jsonl.gz", a.max_id()) == 0
+        original = sorted(map(str, a.rows_after(0)))
+    with Database(tmp_path / "b.sqlite") as b:
+        assert load_shipped(b, tmp_path / "shards") == 3
+        assert load_shipped(b, tmp_path / "shards") == 0  # loaded once
+        assert sorted(map(str, b.rows_after(0))) == original
+        assert b.best_known("H200-SXM-141GB", P.key) == (C.key, 40.0)
+
+
+def test_shards_are_append_only(tmp_path):
+    with Database(tmp_path / "a.sqlite") as a:
+        a.add(_rows())
+        export_shard(a, tmp_path / "s.jsonl.gz", 0)
+        with pytest.raises(FileExistsError, match="append-only"):
+            export_shard(a, tmp_path / "s.jsonl.gz", 0)
+    with Database(tmp_path / "b.sqlite") as b:
+        assert import_shard(b, tmp_path / "s.jsonl.gz") == 3
