@@ -48,6 +48,7 @@ class GpuSpec:
     tensor_core_generation: int
     features: dict[str, bool]
     sources: dict[str, str]
+    slice_of: str | None = None  # set on SM slices: the full GPU this one is a part of
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -174,10 +175,37 @@ def available() -> list[str]:
     return sorted(_registry()[0])
 
 
+_SLICE = re.compile(r"(.+?)[-_]sm(\d+)", re.IGNORECASE)
+
+
+def sm_slice(base: GpuSpec, sm_count: int) -> GpuSpec:
+    """`base` restricted to `sm_count` SMs (a CUDA green context): same L2, memory and
+    per-SM limits; peak rates scale with the SM count."""
+    if base.slice_of:
+        base = load(base.slice_of)
+    if not 1 <= sm_count <= base.sm_count:
+        raise SpecError(f"{base.name} has {base.sm_count} SMs; a slice of {sm_count} is impossible")
+    if sm_count == base.sm_count:
+        return base
+    scale = sm_count / base.sm_count
+    note = f"{base.name} restricted to {sm_count} of {base.sm_count} SMs by a CUDA green context"
+    return dataclasses.replace(
+        base, name=f"{base.name}-sm{sm_count}", aliases=(), sm_count=sm_count, slice_of=base.name,
+        peak_tflops={k: round(v * scale, 1) for k, v in base.peak_tflops.items()},
+        sources=dict(base.sources, sm_count=note,
+                     peak_tflops=f"{base.sources['peak_tflops']}, scaled by {sm_count}/{base.sm_count}"))
+
+
 def load(name: str) -> GpuSpec:
-    """The spec for a GPU name or alias (case and punctuation are ignored)."""
+    """The spec for a GPU name or alias (case and punctuation are ignored).
+
+    `<gpu>-smNN` (e.g. `h200-sm66`) is that GPU restricted to NN SMs (`sm_slice`).
+    """
     specs, index = _registry()
     key = _normalise(name)
+    sliced = _SLICE.fullmatch(name)
+    if key not in index and sliced:
+        return sm_slice(load(sliced.group(1)), int(sliced.group(2)))
     if key not in index:
         raise SpecError(f"unknown GPU {name!r}; known GPUs: {', '.join(available())}")
     return specs[index[key]]

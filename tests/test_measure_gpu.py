@@ -32,3 +32,16 @@ def test_graph_timing_is_repeatable_and_slower_for_more_work():
     a, b = small.time(config).median_ms, small.time(config).median_ms
     assert abs(a - b) / a < 0.1
     assert big.time(config).median_ms > 4 * a
+
+
+def test_an_sm_slice_is_correct_and_slower_in_proportion():
+    from gnn_policy.measure.slices import slice_stream
+
+    l2 = hardware_specs.detect().l2_bytes
+    problem = GemmProblem(4096, 4096, 4096, dtype="bf16")
+    config = TileConfig(128, 256, 64, 1, 8, 8, 3, "tma")
+    full = Bench(problem, l2)
+    half = Bench(problem, l2, stream=slice_stream(66))
+    assert half.check(config).ok
+    ratio = half.time(config).median_ms / full.time(config).median_ms
+    assert 1.6 < ratio < 2.4, ratio  # 132 / 66 SMs on a compute-bound GEMM

@@ -98,3 +98,14 @@ def test_detect_cross_checks_and_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hardware_specs.detect()
+
+
+def test_sm_slices_scale_the_sm_count_and_peaks():
+    s = hardware_specs.load("h200-sm66")
+    full = hardware_specs.load("h200")
+    assert (s.name, s.sm_count, s.slice_of) == ("H200-SXM-141GB-sm66", 66, "H200-SXM-141GB")
+    assert s.peak("bf16") == round(full.peak("bf16") / 2, 1) and s.l2_bytes == full.l2_bytes
+    assert hardware_specs.load("H200-SXM-141GB-sm66") == s  # its own name loads it back
+    assert hardware_specs.load("h200_sm132") == full
+    with pytest.raises(hardware_specs.SpecError, match="132 SMs"):
+        hardware_specs.load("h200-sm200")

@@ -38,8 +38,10 @@ class Checked:
 class Bench:
     """Inputs, reference and rotated input sets of one problem on the local GPU."""
 
-    def __init__(self, problem: GemmProblem, l2_bytes: int, seed: int = 0):
+    def __init__(self, problem: GemmProblem, l2_bytes: int, seed: int = 0,
+                 stream: torch.cuda.Stream | None = None):
         self.problem = problem
+        self.stream = stream  # an SM slice's stream, or None for the whole GPU
         self.check_args = make_inputs(problem, "cuda", seed=seed)
         self.ref = reference(**self.check_args)
         calls = rotation_count(problem.bytes_min(), l2_bytes)
@@ -49,8 +51,10 @@ class Bench:
     def check(self, config: TileConfig) -> Checked:
         args = self.check_args
         out = torch.full(self.out_shape, float("nan"), dtype=args["a"].dtype, device="cuda")
-        launch(args["a"], args["b"], config, bias=args["bias"], activation=args["activation"],
-               residual=args["residual"], out=out)
+        with torch.cuda.stream(self.stream or torch.cuda.current_stream()):
+            launch(args["a"], args["b"], config, bias=args["bias"], activation=args["activation"],
+                   residual=args["residual"], out=out)
+        torch.cuda.synchronize()
         err = relative_error(out, self.ref)
         return Checked(err, TOLERANCE[args["a"].dtype])
 
@@ -62,7 +66,7 @@ class Bench:
             launch(s["a"], s["b"], config, bias=s["bias"], activation=s["activation"],
                    residual=s["residual"], out=outs[i])
 
-        return time_graph(run, len(self.sets), replays=replays)
+        return time_graph(run, len(self.sets), replays=replays, stream=self.stream)
 
     def time_cublas(self, replays: int = 20) -> Timing:
         """torch.matmul, plus the epilogue as separate torch ops (what a model would run)."""
@@ -76,7 +80,7 @@ class Bench:
             if s["residual"] is not None:
                 out = out + s["residual"]
 
-        return time_graph(run, len(self.sets), replays=replays)
+        return time_graph(run, len(self.sets), replays=replays, stream=self.stream)
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,7 +111,13 @@ def measure_configs(problem, configs: Sequence[TileConfig | None], *, gpu: str, 
     among them, after which the context is unusable) ends the child, and the pool starts a
     fresh one for the configs after it.
     """
-    bench = Bench(problem, hardware_specs.load(gpu).l2_bytes, seed=seed)
+    spec = hardware_specs.load(gpu)
+    stream = None
+    if spec.slice_of:
+        from gnn_policy.measure.slices import slice_stream
+
+        stream = slice_stream(spec.sm_count, torch.cuda.current_device())
+    bench = Bench(problem, spec.l2_bytes, seed=seed, stream=stream)
     base = dict(gpu=gpu, problem=problem.key, versions=environment())
     for config in configs:
         key = config.key if config else CUBLAS
