@@ -51,7 +51,9 @@ class Bench:
     def check(self, config: TileConfig) -> Checked:
         args = self.check_args
         out = torch.full(self.out_shape, float("nan"), dtype=args["a"].dtype, device="cuda")
-        with torch.cuda.stream(self.stream or torch.cuda.current_stream()):
+        stream = self.stream or torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())  # inputs and poison are on the current stream
+        with torch.cuda.stream(stream):
             launch(args["a"], args["b"], config, bias=args["bias"], activation=args["activation"],
                    residual=args["residual"], out=out)
         torch.cuda.synchronize()

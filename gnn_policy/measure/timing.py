@@ -46,6 +46,7 @@ def time_graph(fn: Callable[[int], object], calls: int, *, replays: int = 20,
     graph is captured on `stream` (a side stream by default, as capture requires).
     """
     stream = stream or torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs were made on the current stream
     with torch.cuda.stream(stream):
         for _ in range(warmup):
             for i in range(calls):
