@@ -18,7 +18,7 @@ from typing import Sequence
 from graphs import GemmProblem
 from graphs.suite import SPLITS, split
 from gnn_policy.args import flag
-from gnn_policy.space import NAMED_LISTS, TileConfig, space, violations
+from gnn_policy.space import NAMED_LISTS, TileConfig, fits_k, space, violations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,8 @@ def stratified_configs(valid: Sequence[TileConfig], count: int, rng: random.Rand
     share = max(1, count // max(1, len(groups)))
     for key in sorted(groups):
         picked += rng.sample(groups[key], min(share, len(groups[key])))
-    rest = [c for c in valid if c not in set(picked)]
+    taken = set(picked)
+    rest = [c for c in valid if c not in taken]
     picked += rng.sample(rest, min(len(rest), max(0, count - len(picked))))
     return picked
 
@@ -79,9 +80,10 @@ def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[
     out = []
     for p in problems:
         rng = random.Random(f"{args.seed}:{p.key}")
-        valid = [c for c in valid_by_dtype[p.dtype] if not violations(c, gpu, p.dtype, p.k)]
+        valid = [c for c in valid_by_dtype[p.dtype] if fits_k(c, p.k)]
         configs = stratified_configs(valid, args.configs, rng)
-        configs += [c for c in named if c not in configs and not violations(c, gpu, p.dtype, p.k)]
+        chosen = set(configs)
+        configs += [c for c in named if c not in chosen and not violations(c, gpu, p.dtype, p.k)]
         out.append((p, ([None] if args.lists else []) + configs))
     return out
 

@@ -147,13 +147,18 @@ def violations(config: TileConfig, gpu: GpuSpec, dtype: str, k: int | None = Non
                              f"tile leave threads without accumulators; use fewer warps"))
     if config.variant == "tma" and not gpu.has("tma"):
         out.append(Violation("tma", f"{gpu.name} has no Tensor Memory Accelerator"))
-    if k is not None:
-        # Slices take ceil(tiles / SPLIT_K) tiles each, so trailing slices can still be empty.
-        k_tiles = math.ceil(k / config.block_k)
-        if config.split_k > k_tiles:
-            out.append(Violation("split_k", f"SPLIT_K={config.split_k} exceeds the {k_tiles} "
-                                 f"BLOCK_K={config.block_k} tiles of K={k}"))
+    if k is not None and not fits_k(config, k):
+        out.append(Violation("split_k", f"SPLIT_K={config.split_k} exceeds the "
+                             f"{math.ceil(k / config.block_k)} BLOCK_K={config.block_k} tiles of K={k}"))
     return out
+
+
+def fits_k(config: TileConfig, k: int) -> bool:
+    """The one problem-dependent rule: SPLIT_K at most the BLOCK_K tiles of K.
+
+    Slices take ceil(tiles / SPLIT_K) tiles each, so trailing slices can still be empty.
+    """
+    return config.split_k <= math.ceil(k / config.block_k)
 
 
 @dataclasses.dataclass(frozen=True)
