@@ -4,20 +4,28 @@ Per problem: a stratified random sample of valid configs of the full space (equa
 (variant, SPLIT_K) group, so split-K and TMA are represented whatever their share of the
 space), the named lists (`seed`, `triton_tutorial`, `inductor_mm`) and cuBLAS. Pairs already
 in the database are skipped; each problem's rows are stored in one transaction, so Ctrl-C or
-a kill loses at most the problem in flight. Kernels compile ahead on every CPU core.
+a kill loses at most the problem in flight.
+
+Compiling (about 0.4 s of a CPU core per kernel) costs more than timing (tens of ms), so the
+random samples come from a seeded pool per dtype (`--pool`, itself a stratified random
+sample of the valid space): a kernel compiled for one problem then serves every problem with
+the same specialisation. Kernels compile ahead on all cores but one while the GPU times the
+problems already compiled.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from graphs import GemmProblem
 from graphs.suite import SPLITS, split
 from gnn_policy.args import flag
+from gnn_policy.measure.result import CUBLAS, Measurement
 from gnn_policy.space import NAMED_LISTS, TileConfig, fits_k, space, violations
 
 
@@ -30,10 +38,14 @@ class CollectArgs:
     split: str = flag("train", f"suite split to draw problems from: {', '.join(SPLITS)} or all")
     problems: int = flag(0, "number of problems, spread evenly over families (0: the whole split)")
     configs: int = flag(200, "random valid configs per problem, stratified by (variant, SPLIT_K)")
+    pool: int = flag(1000, "configs per dtype that every problem draws its sample from (0: the whole "
+                           "valid space); a shared pool lets one compiled kernel serve many problems")
     lists: bool = flag(True, "also measure the named lists and cuBLAS")
     seed: int = flag(0, "random seed for the problem and config samples")
-    timeout: float = flag(120.0, "seconds a config may take before it is recorded as a timeout")
-    replays: int = flag(10, "CUDA-graph replays per timing")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout")
+    compile_timeout: float = flag(120.0, "seconds a config may take to compile before it is a timeout")
+    replays: int = flag(10, "at most this many CUDA-graph replays per timing (at least 3)")
+    time_limit: float = flag(0.0, "minutes after which the run stores what it has and stops (0: no limit)")
     runner: str = flag("gnn_policy.measure.runner:measure_configs",
                        "dotted path of the measuring function (package.module:function)")
     shard_dir: str = flag("", "write the rows this run adds to a new shard here (e.g. data/measurements)")
@@ -58,10 +70,16 @@ def select_problems(name: str, count: int, seed: int) -> list[GemmProblem]:
     return chosen
 
 
-def stratified_configs(valid: Sequence[TileConfig], count: int, rng: random.Random) -> list[TileConfig]:
+def _by_stratum(configs: Sequence[TileConfig]) -> dict[tuple, list[TileConfig]]:
     groups: dict[tuple, list[TileConfig]] = defaultdict(list)
-    for c in valid:
+    for c in configs:
         groups[(c.variant, c.split_k)].append(c)
+    return groups
+
+
+def stratified_configs(valid: Sequence[TileConfig], count: int, rng: random.Random) -> list[TileConfig]:
+    """`count` configs of `valid`, an equal share from each (variant, SPLIT_K) group first."""
+    groups = _by_stratum(valid)
     picked: list[TileConfig] = []
     share = max(1, count // max(1, len(groups)))
     for key in sorted(groups):
@@ -72,25 +90,60 @@ def stratified_configs(valid: Sequence[TileConfig], count: int, rng: random.Rand
     return picked
 
 
+def config_pool(valid: Sequence[TileConfig], size: int, seed: int) -> list[TileConfig]:
+    """The first `size` configs of a seeded order that takes the (variant, SPLIT_K) groups in turn.
+
+    Pools of one seed are nested (a larger pool holds every smaller one), so a dense sweep
+    reuses the kernels of a sparse one. Size 0 or past the space: all of `valid`.
+    """
+    groups = _by_stratum(valid)
+    rng = random.Random(f"pool:{seed}")
+    queues = [rng.sample(groups[key], len(groups[key])) for key in sorted(groups)]
+    order = [c for row in itertools.zip_longest(*queues) for c in row if c is not None]
+    return order[:size] if size else order
+
+
 def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[GemmProblem, list]]:
     """For each problem, the configs to measure (None stands for cuBLAS), before skipping."""
     full = list(space("full"))
-    valid_by_dtype = {d: [c for c in full if not violations(c, gpu, d)] for d in {p.dtype for p in problems}}
+    pools = {d: config_pool([c for c in full if not violations(c, gpu, d)], args.pool, args.seed)
+             for d in {p.dtype for p in problems}}
     named = sorted({c for cs in NAMED_LISTS.values() for c in cs}) if args.lists else []
     out = []
     for p in problems:
         rng = random.Random(f"{args.seed}:{p.key}")
-        valid = [c for c in valid_by_dtype[p.dtype] if fits_k(c, p.k)]
-        configs = stratified_configs(valid, args.configs, rng)
+        configs = stratified_configs([c for c in pools[p.dtype] if fits_k(c, p.k)], args.configs, rng)
         chosen = set(configs)
         configs += [c for c in named if c not in chosen and not violations(c, gpu, p.dtype, p.k)]
         out.append((p, ([None] if args.lists else []) + configs))
     return out
 
 
-def run(args: CollectArgs) -> dict:
-    """Measure what is missing; returns counts (measured, skipped, per status)."""
+def _missing(db, gpu_name: str, planned, counts: dict) -> list[tuple[GemmProblem, list]]:
+    done = db.measured(gpu_name)
+    todo = []
+    for p, configs in planned:
+        left = [c for c in configs if (p.key, c.key if c else CUBLAS) not in done]
+        counts["skipped"] += len(configs) - len(left)
+        if left:
+            todo.append((p, left))
+    return todo
+
+
+def _compile_results(todo, args: CollectArgs) -> Iterator | None:
+    """CompileResults in `todo` order, compiled ahead on the CPU cores (None: nothing to compile)."""
     import torch
+
+    if not (torch.cuda.is_available() and args.runner.startswith("gnn_policy.measure.runner:")):
+        return None
+    from gnn_policy.measure.compile import compile_stream
+
+    pairs = ((p, c) for p, cs in todo for c in cs if c is not None)
+    return compile_stream(pairs, timeout_s=args.compile_timeout)
+
+
+def run(args: CollectArgs) -> dict:
+    """Measure what is missing; returns counts (measured, skipped, per status) and timings."""
     from tqdm import tqdm
 
     import hardware_specs
@@ -100,33 +153,69 @@ def run(args: CollectArgs) -> dict:
 
     gpu = hardware_specs.load(args.gpu) if args.gpu else hardware_specs.detect()
     problems = select_problems(args.split, args.problems, args.seed)
-    counts: dict[str, int] = defaultdict(int)
+    counts: dict = defaultdict(int)
+    start = time.monotonic()
+    deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
     with Database(args.db) as db:
         counts["loaded_from_shards"] = load_shipped(db)
         first_new = db.max_id()
-        done = db.measured(gpu.name)
-        todo = []
-        for p, configs in plan(problems, gpu, args):
-            left = [c for c in configs if (p.key, c.key if c else "cublas") not in done]
-            counts["skipped"] += len(configs) - len(left)
-            if left:
-                todo.append((p, left))
-        if torch.cuda.is_available() and args.runner.startswith("gnn_policy.measure.runner:"):
-            from gnn_policy.measure.compile import precompile
-
-            precompile([(p, [c for c in cs if c is not None]) for p, cs in todo])
-        total = sum(len(cs) for _, cs in todo)
+        todo = _missing(db, gpu.name, plan(problems, gpu, args), counts)
+        compiled = _compile_results(todo, args)
         with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool, \
-                tqdm(total=total, desc=f"collect {gpu.name}", unit="cfg", smoothing=0.05) as bar:
+                tqdm(total=sum(len(cs) for _, cs in todo), desc=f"collect {gpu.name}", unit="cfg",
+                     smoothing=0.05) as bar:
             for p, configs in todo:
-                rows = []
-                for m, c in zip(pool.run(p, configs), configs):
+                if time.monotonic() > deadline:
+                    counts["stopped_by_time_limit"] = 1
+                    break
+                rows, measure = _compile_failures(p, configs, compiled, gpu.name, counts)
+                t0 = time.monotonic()
+                for m, c in zip(pool.run(p, measure), measure):
                     rows.append((m, p, c))
-                    counts[m.status] += 1
                     bar.update(1)
+                    if time.monotonic() > deadline:  # keep what this problem has; the rest resumes
+                        break
+                counts["measure_s"] += time.monotonic() - t0
+                bar.update(len(configs) - len(measure))
+                for m, _, _ in rows:
+                    counts[m.status] += 1
                 db.add(rows)
                 counts["measured"] += len(rows)
+                counts["problems_done"] += time.monotonic() <= deadline
+        if compiled is not None:
+            compiled.close()  # stops compiles that a time limit left unused
+        counts["wall_s"] = time.monotonic() - start
+        counts["per_minute"] = counts["measured"] / max(counts["wall_s"], 1e-9) * 60
         if args.shard_dir:
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_{stamp}.jsonl.gz", first_new)
-    return dict(counts)
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
+
+
+def _compile_failures(problem: GemmProblem, configs: list, compiled, gpu_name: str, counts: dict):
+    """Rows for the configs that failed to compile, and the configs left to measure.
+
+    A config whose variant cannot serve this problem's layout (TMA on unaligned strides) is
+    not a valid point for it and gets no row. Waiting here is time the GPU sits idle.
+    """
+    if compiled is None:
+        return [], list(configs)
+    from gnn_policy.measure.runner import environment
+
+    rows, measure = [], []
+    t0 = time.monotonic()
+    for c in configs:
+        if c is None:
+            measure.append(c)
+            continue
+        r = next(compiled)
+        counts["compile_cpu_s"] += r.seconds
+        if r.status == "ok":
+            measure.append(c)
+        elif r.status == "invalid":
+            counts["invalid_layout"] += 1
+        else:
+            m = Measurement(gpu_name, problem.key, c.key, r.status, versions=environment(), error=r.error)
+            rows.append((m, problem, c))
+    counts["wait_compile_s"] += time.monotonic() - t0
+    return rows, measure

@@ -1,8 +1,9 @@
 """gnn-policy collect with a fake runner: what it measures, that it resumes, that rows land."""
+import dataclasses
 from collections import Counter
 
 import hardware_specs
-from gnn_policy.collect import CollectArgs, plan, run, select_problems, stratified_configs
+from gnn_policy.collect import CollectArgs, config_pool, plan, run, select_problems, stratified_configs
 from gnn_policy.database import Database
 from gnn_policy.space import space, violations
 
@@ -46,3 +47,25 @@ def test_collect_stores_rows_and_resumes(tmp_path):
     with Database(tmp_path / "m.sqlite") as db:
         stats = db.stats()["gpus"]["H200-SXM-141GB"]
     assert stats["problems"] == 3 and stats["real_ok"] == first["measured"]
+
+
+def test_config_pools_are_nested_stratified_and_feed_every_problem():
+    valid = [c for c in space("full") if not violations(c, H200, "bf16")]
+    small, big = config_pool(valid, 100, seed=0), config_pool(valid, 400, seed=0)
+    assert big[:100] == small and len(set(big)) == 400
+    assert len(Counter((c.variant, c.split_k) for c in small)) == 10
+    assert len(config_pool(valid, 0, seed=0)) == len(valid)
+    problems = select_problems("train", 4, seed=0)
+    planned = plan(problems, H200, CollectArgs(db="unused", configs=50, pool=100, lists=False))
+    pools = {p.dtype: set(config_pool([c for c in space("full") if not violations(c, H200, p.dtype)], 100, 0))
+             for p in problems}
+    assert all(len(cs) == 50 and set(cs) <= pools[p.dtype] for p, cs in planned)
+
+
+def test_time_limit_starts_no_new_problem_and_a_second_run_finishes(tmp_path):
+    args = CollectArgs(db=str(tmp_path / "m.sqlite"), gpu="h200", split="test", problems=2, configs=4,
+                       runner="fake_runner:measure", time_limit=1e-9)
+    stopped = run(args)
+    assert stopped["stopped_by_time_limit"] == 1 and stopped["measured"] == 0
+    finished = run(dataclasses.replace(args, time_limit=0.0))
+    assert finished["problems_done"] == 2 and "stopped_by_time_limit" not in finished

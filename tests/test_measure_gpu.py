@@ -45,3 +45,27 @@ def test_an_sm_slice_is_correct_and_slower_in_proportion():
     assert half.check(config).ok
     ratio = half.time(config).median_ms / full.time(config).median_ms
     assert 1.6 < ratio < 2.4, ratio  # 132 / 66 SMs on a compute-bound GEMM
+
+
+def test_a_faulting_and_a_hanging_kernel_become_rows_and_the_run_goes_on():
+    gpu = hardware_specs.detect().name
+    problem = GemmProblem(256, 512, 512, dtype="fp16")
+    configs = [TileConfig(64, 64, 64, 1, 8, 4, 3, "ptr"), TileConfig(32, 64, 64, 1, 8, 4, 3, "ptr"),
+               TileConfig(16, 64, 64, 1, 8, 4, 3, "ptr"), TileConfig(128, 64, 64, 1, 8, 4, 3, "ptr"), None]
+    with WorkerPool("faulty_runner:measure", gpu=gpu, timeout_s=20) as pool:
+        rows = list(pool.run(problem, configs))
+        assert pool.restarts == 2
+    assert [r.status for r in rows] == ["ok", "crashed", "ok", "timeout", "ok"], rows
+    assert "illegal" in rows[1].error.lower() or "exited" in rows[1].error, rows[1].error
+    assert rows[2].max_rel_err < 1e-2 and rows[4].config == "cublas"
+
+
+def test_a_compile_past_its_timeout_is_a_timeout_result(tmp_path, monkeypatch):
+    from gnn_policy.measure.compile import compile_one
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # a cached kernel would load at once
+    problem = GemmProblem(4096, 4096, 4096, dtype="bf16", bias=True, activation="silu")
+    slow = compile_one((problem, TileConfig(256, 128, 64, 2, 16, 8, 4, "tma"), 0.05))
+    assert slow.status == "timeout" and "0.05 s" in slow.error
+    ok = compile_one((problem, TileConfig(128, 128, 64, 1, 8, 4, 3, "tma"), 300.0))
+    assert ok.status == "ok", ok.error

@@ -1,18 +1,20 @@
 """Ahead-of-time compilation of (problem, config) pairs on every CPU core.
 
 Compiling is CPU work (median 0.4 s a config on the H200's host) and timing is GPU work, so
-they run in separate steps: worker processes fill Triton's on-disk cache, which the timing
+they run in separate processes: compile workers fill Triton's on-disk cache, which the timing
 process then loads from in about a millisecond per kernel. A kernel compiled for one shape
-serves every shape with the same specialisation (sizes and strides divisible by 16 or not).
+serves every shape with the same specialisation (dtype, epilogue, sizes and strides divisible
+by 16 or not). `compile_stream` yields results in the order of its jobs while the workers run
+ahead, so a caller can time problem i while problem i+1 compiles.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import multiprocessing
 import os
+import signal
 import time
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from graphs import GemmProblem
 from gnn_policy.space import TileConfig
@@ -22,46 +24,81 @@ from gnn_policy.space import TileConfig
 class CompileResult:
     problem: str
     config: str
-    status: str  # ok | invalid (the variant cannot serve this layout) | compile_error
+    status: str  # ok | invalid (the variant cannot serve this layout) | compile_error | timeout
     seconds: float
     error: str = ""
 
 
-def _compile_chunk(problem: GemmProblem, configs: Sequence[TileConfig]) -> list[CompileResult]:
-    from gnn_policy.kernels.launch import LayoutError, compile_kernel
-    from gnn_policy.measure.inputs import make_inputs
+class CompileTimeout(Exception):
+    pass
 
-    args = make_inputs(problem, "cuda", fill=False)
-    out = []
-    for config in configs:
-        start = time.perf_counter()
-        try:
-            compile_kernel(args["a"], args["b"], config, bias=args["bias"],
-                           activation=args["activation"], residual=args["residual"])
-            status, error = "ok", ""
-        except LayoutError as exc:
-            status, error = "invalid", str(exc)
-        except Exception as exc:  # a compiler failure is a result, not a crash of the pool
-            status, error = "compile_error", f"{type(exc).__name__}: {exc}"[:500]
-        out.append(CompileResult(problem.key, config.key, status, time.perf_counter() - start, error))
-    return out
+
+def _alarm(signum: int, frame: object) -> None:
+    raise CompileTimeout
+
+
+_INPUTS: dict[str, dict] = {}  # per compile process: the current problem's unfilled tensors
+
+
+def _inputs(problem: GemmProblem) -> dict:
+    if problem.key not in _INPUTS:
+        from gnn_policy.measure.inputs import make_inputs
+
+        _INPUTS.clear()  # jobs arrive grouped by problem: keep one problem's tensors alive
+        _INPUTS[problem.key] = make_inputs(problem, "cuda", fill=False)
+    return _INPUTS[problem.key]
+
+
+def compile_one(job: tuple[GemmProblem, TileConfig, float]) -> CompileResult:
+    """Compile one pair into Triton's cache; a compile past `timeout_s` becomes a `timeout` result.
+
+    The alarm interrupts Python code and the ptxas subprocess Triton waits on; time spent
+    inside one call into LLVM is interrupted when that call returns.
+    """
+    from gnn_policy.kernels.launch import LayoutError, compile_kernel
+
+    problem, config, timeout_s = job
+    args = _inputs(problem)
+    start = time.perf_counter()
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        compile_kernel(args["a"], args["b"], config, bias=args["bias"],
+                       activation=args["activation"], residual=args["residual"])
+        status, error = "ok", ""
+    except CompileTimeout:
+        status, error = "timeout", f"compile took longer than {timeout_s:g} s"
+    except LayoutError as exc:
+        status, error = "invalid", str(exc)
+    except Exception as exc:  # a compiler failure is a result, not a crash of the pool
+        status, error = "compile_error", f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    return CompileResult(problem.key, config.key, status, time.perf_counter() - start, error)
+
+
+def default_workers() -> int:
+    """Every core but one, which the timing process needs."""
+    return max(1, min(32, (os.cpu_count() or 2) - 1))
+
+
+def compile_stream(jobs: Iterable[tuple[GemmProblem, TileConfig]], *, workers: int | None = None,
+                   timeout_s: float = 120.0) -> Iterator[CompileResult]:
+    """One CompileResult per job, in job order, compiled ahead by a pool of processes.
+
+    Closing the generator early terminates the workers (and the compiles in flight).
+    """
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    with ctx.Pool(workers or default_workers()) as pool:
+        yield from pool.imap(compile_one, ((p, c, timeout_s) for p, c in jobs), chunksize=2)
 
 
 def precompile(jobs: Iterable[tuple[GemmProblem, Sequence[TileConfig]]], *, workers: int | None = None,
-               chunk: int = 4, progress: bool = True) -> list[CompileResult]:
-    """Compile every (problem, config) pair into Triton's cache, in parallel worker processes."""
+               timeout_s: float = 120.0, progress: bool = True) -> list[CompileResult]:
+    """Compile every (problem, config) pair into Triton's cache before anything is timed."""
     from tqdm import tqdm
 
-    tasks = [(p, list(cs[i:i + chunk])) for p, cs in jobs for i in range(0, len(cs), chunk)]
-    workers = workers or min(16, os.cpu_count() or 1)
-    results: list[CompileResult] = []
-    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool, \
-            tqdm(total=sum(len(cs) for _, cs in tasks), desc="compile", unit="cfg",
-                 disable=not progress) as bar:
-        futures = [pool.submit(_compile_chunk, p, cs) for p, cs in tasks]
-        for fut in cf.as_completed(futures):
-            chunk_results = fut.result()
-            results.extend(chunk_results)
-            bar.update(len(chunk_results))
-    return results
+    pairs = [(p, c) for p, cs in jobs for c in cs]
+    stream = compile_stream(pairs, workers=workers, timeout_s=timeout_s)
+    return list(tqdm(stream, total=len(pairs), desc="compile", unit="cfg", disable=not progress))

@@ -39,11 +39,14 @@ def rotation_count(bytes_per_call: int, l2_bytes: int, cap: int = 64) -> int:
 
 
 def time_graph(fn: Callable[[int], object], calls: int, *, replays: int = 20,
-               warmup: int = 2, stream: torch.cuda.Stream | None = None) -> Timing:
+               warmup: int = 2, stream: torch.cuda.Stream | None = None,
+               budget_ms: float = 100.0, min_replays: int = 3) -> Timing:
     """Time `fn(i)` for i in range(calls), captured once as a CUDA graph and replayed.
 
     `fn(i)` must use the i-th input set. The first eager calls compile and warm up; the
-    graph is captured on `stream` (a side stream by default, as capture requires).
+    graph is captured on `stream` (a side stream by default, as capture requires). The
+    replays timed are as many as fit in `budget_ms` of GPU time, between `min_replays` and
+    `replays`: a config 100x slower than the best costs 3 replays, not 20.
     """
     stream = stream or torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the inputs were made on the current stream
@@ -56,10 +59,18 @@ def time_graph(fn: Callable[[int], object], calls: int, *, replays: int = 20,
     with torch.cuda.graph(graph, stream=stream):
         for i in range(calls):
             fn(i)
+    probe = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    with torch.cuda.stream(stream):
+        graph.replay()  # first replay uploads the graph
+        probe[0].record(stream)
+        graph.replay()
+        probe[1].record(stream)
+    probe[1].synchronize()
+    first_ms = probe[0].elapsed_time(probe[1])
+    replays = min(replays, max(min_replays, int(budget_ms / max(first_ms, 1e-3))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     with torch.cuda.stream(stream):
-        graph.replay()  # first replay uploads the graph
         for s, e in zip(starts, ends):
             s.record(stream)
             graph.replay()
