@@ -25,7 +25,7 @@ class SpecsArgs:
 
 @dataclasses.dataclass(frozen=True)
 class StatsArgs:
-    """Count the measurements in a database: per GPU, source and status."""
+    """Count the measurements in a database (with the shipped snapshot loaded): per GPU, source and status."""
 
     db: str = flag(str(DEFAULT_PATH), "the SQLite database ($GNN_POLICY_DB)")
     json: bool = flag(False, "print JSON: gpus -> name -> {real_ok, real_failed, problems, configs}")
@@ -90,8 +90,10 @@ def run_specs(args: SpecsArgs) -> int:
 
 def run_stats(args: StatsArgs) -> int:
     from gnn_policy.database import Database
+    from gnn_policy.snapshot import load_shipped
 
-    with Database(os.path.expanduser(args.db), create=False) as db:
+    with Database(os.path.expanduser(args.db)) as db:
+        load_shipped(db)  # the shipped snapshot, loaded once
         stats = db.stats()
     if args.json:
         print(json.dumps({"gpus": stats["gpus"]}, indent=1))

@@ -148,7 +148,7 @@ def run(args: CollectArgs) -> dict:
 
     import hardware_specs
     from gnn_policy.database import Database
-    from gnn_policy.measure.workers import WorkerPool
+    from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
     from gnn_policy.snapshot import export_shard, load_shipped
 
     gpu = hardware_specs.load(args.gpu) if args.gpu else hardware_specs.detect()
@@ -170,11 +170,16 @@ def run(args: CollectArgs) -> dict:
                     break
                 rows, measure = _compile_failures(p, configs, compiled, gpu.name, counts)
                 t0 = time.monotonic()
-                for m, c in zip(pool.run(p, measure), measure):
-                    rows.append((m, p, c))
-                    bar.update(1)
-                    if time.monotonic() > deadline:  # keep what this problem has; the rest resumes
-                        break
+                try:
+                    for m, c in zip(pool.run(p, measure), measure):
+                        rows.append((m, p, c))
+                        bar.update(1)
+                        if time.monotonic() > deadline:  # keep what this problem has; the rest resumes
+                            break
+                except ProblemSetupError as exc:  # nothing stored: a later run tries it again
+                    tqdm.write(f"skipped {exc}")
+                    counts["problems_failed_setup"] += 1
+                    rows = []
                 counts["measure_s"] += time.monotonic() - t0
                 bar.update(len(configs) - len(measure))
                 for m, _, _ in rows:

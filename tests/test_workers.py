@@ -1,6 +1,8 @@
 """The restartable measuring worker, with a fake runner that crashes and hangs on purpose."""
 from graphs import GemmProblem
-from gnn_policy.measure.workers import WorkerPool
+import pytest
+
+from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
 from gnn_policy.space import TileConfig
 
 P = GemmProblem(64, 64, 64)
@@ -31,3 +33,11 @@ def test_a_reported_crash_restarts_the_worker_without_losing_the_rest(tmp_path):
     assert [r.status for r in rows][:5] == ["ok", "ok", "crashed", "ok", "ok"]
     assert rows[2].error.startswith("CUDA error") and rows[5].config == "cublas"
     assert calls.read_text().split() == [c.key for c in CONFIGS] + ["cublas"]
+
+
+def test_a_problem_that_cannot_be_set_up_blames_no_config():
+    with WorkerPool("fake_runner:measure", gpu="H200-SXM-141GB", timeout_s=5.0, setup_fails_for=(64,)) as pool:
+        with pytest.raises(ProblemSetupError, match="no room for problem 1x64x64x64"):
+            list(pool.run(P, CONFIGS))
+        rows = list(pool.run(GemmProblem(32, 64, 64), CONFIGS[:2]))  # a fresh worker serves the next
+    assert [r.status for r in rows] == ["ok", "ok"]

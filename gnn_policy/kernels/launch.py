@@ -152,8 +152,13 @@ def _tma_args(config: TileConfig, pa: Operand, pb: Operand, k: int, batch: int) 
                 MASK_B_K=tail and not b_kmaj and b_rows > 0)
 
 
-def _prepare(a, b, config, bias, activation, residual, out):
-    """Output, grid and kernel arguments for one call."""
+def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
+    """Output, grid and kernel arguments for one call.
+
+    `compile_only` stands one-element buffers in for the split-K workspace and counters: the
+    kernel's specialisation depends on their dtype and alignment, not their size, and a
+    large problem's workspace (GBs) in every compile process would crowd out the GPU.
+    """
     batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     out_shape = (batch, m, n) if max(a.dim(), b.dim()) == 3 else (m, n)
@@ -166,7 +171,10 @@ def _prepare(a, b, config, bias, activation, residual, out):
         t = _tma_args(config, pa, pb, k, batch)
     g = grid(config, m, n, batch)
     ws = lock = c
-    if config.split_k > 1:
+    if config.split_k > 1 and compile_only:
+        ws = torch.empty(1, device=a.device, dtype=torch.float32)
+        lock = torch.empty(1, device=a.device, dtype=torch.int32)
+    elif config.split_k > 1:
         ws = torch.empty(workspace_shape(config, m, n, batch), device=a.device, dtype=torch.float32)
         lock = tile_counters(a.device, batch * g[0])
     c_desc, c_rows = _output_descriptor(c3, config) if config.variant == "tma" else (None, 0)
@@ -204,6 +212,6 @@ def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.
 def compile_kernel(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,
                    activation: str | None, residual: torch.Tensor | None) -> Any:
     """Compile (without running) the kernel these arguments need; returns Triton's CompiledKernel."""
-    _, g, args, meta = _prepare(a, b, config, bias, activation, residual, None)
+    _, g, args, meta = _prepare(a, b, config, bias, activation, residual, None, compile_only=True)
     with torch.cuda.device(a.device):
         return matmul_kernel.warmup(*args, grid=g, **meta)

@@ -33,7 +33,11 @@ class CompileTimeout(Exception):
     pass
 
 
+_EXPIRED: list[bool] = [False]  # set by the alarm: Triton may re-raise CompileTimeout as its own error
+
+
 def _alarm(signum: int, frame: object) -> None:
+    _EXPIRED[0] = True
     raise CompileTimeout
 
 
@@ -42,9 +46,12 @@ _INPUTS: dict[str, dict] = {}  # per compile process: the current problem's unfi
 
 def _inputs(problem: GemmProblem) -> dict:
     if problem.key not in _INPUTS:
+        import torch
+
         from gnn_policy.measure.inputs import make_inputs
 
         _INPUTS.clear()  # jobs arrive grouped by problem: keep one problem's tensors alive
+        torch.cuda.empty_cache()  # and give the last one's memory back to the timing process
         _INPUTS[problem.key] = make_inputs(problem, "cuda", fill=False)
     return _INPUTS[problem.key]
 
@@ -61,17 +68,18 @@ def compile_one(job: tuple[GemmProblem, TileConfig, float]) -> CompileResult:
     args = _inputs(problem)
     start = time.perf_counter()
     previous = signal.signal(signal.SIGALRM, _alarm)
+    _EXPIRED[0] = False
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         compile_kernel(args["a"], args["b"], config, bias=args["bias"],
                        activation=args["activation"], residual=args["residual"])
         status, error = "ok", ""
-    except CompileTimeout:
-        status, error = "timeout", f"compile took longer than {timeout_s:g} s"
     except LayoutError as exc:
         status, error = "invalid", str(exc)
     except Exception as exc:  # a compiler failure is a result, not a crash of the pool
         status, error = "compile_error", f"{type(exc).__name__}: {exc}"[:500]
+        if _EXPIRED[0]:
+            status, error = "timeout", f"compile took longer than {timeout_s:g} s"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

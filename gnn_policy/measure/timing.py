@@ -39,8 +39,8 @@ def rotation_count(bytes_per_call: int, l2_bytes: int, cap: int = 64) -> int:
 
 
 def time_graph(fn: Callable[[int], object], calls: int, *, replays: int = 20,
-               warmup: int = 2, stream: torch.cuda.Stream | None = None,
-               budget_ms: float = 100.0, min_replays: int = 3) -> Timing:
+               warmup: int = 1, stream: torch.cuda.Stream | None = None,
+               budget_ms: float = 50.0, min_replays: int = 3) -> Timing:
     """Time `fn(i)` for i in range(calls), captured once as a CUDA graph and replayed.
 
     `fn(i)` must use the i-th input set. The first eager calls compile and warm up; the

@@ -4,7 +4,8 @@ A kernel that faults poisons its CUDA context, and one that hangs holds the GPU,
 measuring runs in a child process. The parent hands it one problem and its configs, reads one
 Measurement per config as it is made, and when the child dies or goes silent for longer than
 `timeout_s`, records the config in flight as `crashed` or `timeout`, starts a fresh child and
-goes on with the configs after it. Nothing already reported is lost.
+goes on with the configs after it. Nothing already reported is lost. A failure before the
+first config (the problem's inputs do not fit, say) raises `ProblemSetupError` instead.
 
 The measuring function is named by a dotted path ("package.module:function") so the child can
 import it: a generator `fn(problem, configs, **options)` that yields one Measurement per config,
@@ -31,11 +32,29 @@ def _child(conn: multiprocessing.connection.Connection, fn_path: str, options: d
         if job is None:
             return
         problem, configs = job
-        for measurement in fn(problem, configs, **options):
-            conn.send(measurement)
-            if measurement.status == "crashed":
-                return  # the CUDA context may be poisoned: the pool starts a fresh process
+        produced = False
+        try:
+            for measurement in fn(problem, configs, **options):
+                produced = True
+                conn.send(measurement)
+                if measurement.status == "crashed":
+                    return  # the CUDA context may be poisoned: the pool starts a fresh process
+        except Exception as exc:
+            if produced:
+                raise
+            # Before the first config: the problem's inputs or reference failed (e.g. out of
+            # memory). No config is to blame, so no config gets a row.
+            conn.send(SetupFailed(f"{type(exc).__name__}: {exc}"[:500]))
+            return
         conn.send("done")
+
+
+class SetupFailed(str):
+    """The child's message when a problem could not be set up (the reason)."""
+
+
+class ProblemSetupError(RuntimeError):
+    """The measuring function failed before its first config: a problem fault, not a config's."""
 
 
 class WorkerPool:
@@ -109,6 +128,10 @@ class WorkerPool:
                     yield self._failed(problem, config, "crashed", f"worker exited (code {self._proc.exitcode})")
                     done += 1
                     break
+                if isinstance(msg, SetupFailed):
+                    self._kill()
+                    self.restarts += 1
+                    raise ProblemSetupError(f"{problem.key}: {msg}")
                 yield msg
                 done += 1
                 if msg.status == "crashed":  # the child reported it and exits
