@@ -46,7 +46,6 @@ def _child(conn: multiprocessing.connection.Connection, fn_path: str, options: d
             # memory). No config is to blame, so no config gets a row.
             conn.send(SetupFailed(f"{type(exc).__name__}: {exc}"[:500]))
             return
-        conn.send("done")
 
 
 class SetupFailed(str):
@@ -109,6 +108,15 @@ class WorkerPool:
 
     def run(self, problem: GemmProblem, configs: Sequence[TileConfig | None]) -> Iterator[Measurement]:
         """One Measurement per config (None: cuBLAS), in order, whatever happens to the child."""
+        finished = False
+        try:
+            yield from self._run(problem, configs)
+            finished = True
+        finally:
+            if not finished:  # a caller that stopped early leaves the child mid-problem
+                self._kill()
+
+    def _run(self, problem: GemmProblem, configs: Sequence[TileConfig | None]) -> Iterator[Measurement]:
         todo = list(configs)
         while todo:
             if self._proc is None:
@@ -139,7 +147,5 @@ class WorkerPool:
                     self.restarts += 1
                     break
             else:
-                if self._conn.poll(self.timeout_s):
-                    self._conn.recv()  # the "done" marker
                 return
             todo = todo[done:]
