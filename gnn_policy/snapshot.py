@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 from graphs import GemmProblem
@@ -16,7 +17,8 @@ from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS, Measurement
 from gnn_policy.space import TileConfig
 
-SHIPPED = Path(__file__).resolve().parent.parent / "data" / "measurements"
+# $GNN_POLICY_SHARDS moves it (the tests point it at an empty folder).
+SHIPPED = Path(os.environ.get("GNN_POLICY_SHARDS", Path(__file__).resolve().parent.parent / "data" / "measurements"))
 
 
 def export_shard(db: Database, path: Path, after_id: int) -> int:
@@ -56,6 +58,6 @@ def import_shard(db: Database, path: Path) -> int:
     return added
 
 
-def load_shipped(db: Database, folder: Path = SHIPPED) -> int:
-    """Load every shard in `folder` that this database has not seen yet."""
-    return sum(import_shard(db, p) for p in sorted(folder.glob("*.jsonl.gz")))
+def load_shipped(db: Database, folder: Path | None = None) -> int:
+    """Load every shard in `folder` (default: the shipped snapshot) that this database has not seen yet."""
+    return sum(import_shard(db, p) for p in sorted((folder or SHIPPED).glob("*.jsonl.gz")))

@@ -4,8 +4,14 @@ TRITON_INTERPRET must be set before any @triton.jit decorator runs, i.e. before 
 is imported, which is why it is set here at collection time.
 """
 import os
+import tempfile
 
 import torch
+
+# Tests build their own databases: the shipped snapshot stays out unless a test asks for it
+# (tests/test_shipped_data.py). Set before gnn_policy is imported, and inherited by the CLI
+# subprocesses.
+os.environ["GNN_POLICY_SHARDS"] = tempfile.mkdtemp(prefix="gnn-policy-no-shards-")
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,5 +1,6 @@
 """The gnn-policy command line, run as users run it: in a subprocess."""
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -66,5 +67,7 @@ def test_stats_counts_a_database(tmp_path):
                                                                    "problems": 1, "configs": 2}}}
     table = _cli("stats", "--db", str(tmp_path / "m.sqlite")).stdout
     assert "real/timeout: 1" in table
-    missing = _cli("stats", "--db", str(tmp_path / "none.sqlite"))
-    assert missing.returncode == 2 and "no database at" in missing.stderr
+    foreign = tmp_path / "other.sqlite"
+    sqlite3.connect(foreign).execute("CREATE TABLE t (x)")
+    refused = _cli("stats", "--db", str(foreign))
+    assert refused.returncode == 2 and "not a gnn-policy database" in refused.stderr

@@ -1,0 +1,51 @@
+"""The shipped H200 snapshot (data/measurements): it loads on a CPU-only machine and is sane."""
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import hardware_specs
+from graphs.suite import SPLITS, split
+from gnn_policy.database import Database
+from gnn_policy.measure.result import CUBLAS
+from gnn_policy.snapshot import load_shipped
+from gnn_policy.space import TileConfig, fits_k, violations
+
+SHARDS = Path(__file__).resolve().parent.parent / "data" / "measurements"
+H200 = hardware_specs.load("h200")
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    with Database(tmp_path_factory.mktemp("shipped") / "m.sqlite") as db:
+        assert load_shipped(db, SHARDS) > 10_000
+        return list(db.rows_after(0))
+
+
+def test_every_row_is_a_real_h200_row_of_a_suite_problem(rows):
+    suite = {p.key for s in SPLITS for p in split(s)}
+    assert {r["gpu"] for r in rows} == {H200.name} and {r["source"] for r in rows} == {"real"}
+    assert {r["problem"] for r in rows} <= suite
+    assert all("triton 3.6.0" in r["versions"] for r in rows)
+
+
+def test_correct_rows_are_checked_plausible_and_valid(rows):
+    peak = H200.peak("bf16")
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        assert 0 < r["tflops"] < peak and r["p10_ms"] <= r["median_ms"] <= r["p90_ms"], r
+        if r["config"] == CUBLAS:
+            continue
+        assert r["max_rel_err"] <= 1e-2, r
+        config, f = TileConfig.from_key(r["config"]), r["problem_fields"]
+        assert not violations(config, H200, f["dtype"]) and fits_k(config, f["k"]), r
+
+
+def test_every_problem_has_cublas_and_a_sample_of_configs(rows):
+    configs = defaultdict(set)
+    for r in rows:
+        configs[r["problem"]].add(r["config"])
+    assert all(CUBLAS in cs for cs in configs.values())
+    complete = [cs for cs in configs.values() if len(cs) >= 200]
+    assert len(complete) >= 0.8 * len(configs)
