@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 import hardware_specs
 from gnn_policy.args import add_fields, build, flag
 from gnn_policy.collect import CollectArgs
+from gnn_policy.confirm import ConfirmArgs
 from gnn_policy.database import DEFAULT_PATH, DatabaseError
 
 
@@ -124,8 +125,16 @@ def run_collect(args: CollectArgs) -> int:
     return 0
 
 
+def run_confirm(args: ConfirmArgs) -> int:
+    from gnn_policy.confirm import run
+
+    print(json.dumps(run(args), sort_keys=True))
+    return 0
+
+
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "collect": (CollectArgs, run_collect),
+    "confirm": (ConfirmArgs, run_confirm),
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
     "stats": (StatsArgs, run_stats),

@@ -130,16 +130,18 @@ def _missing(db, gpu_name: str, planned, counts: dict) -> list[tuple[GemmProblem
     return todo
 
 
-def _compile_results(todo, args: CollectArgs) -> Iterator | None:
-    """CompileResults in `todo` order, compiled ahead on the CPU cores (None: nothing to compile)."""
+def compile_ahead(jobs, runner: str, timeout_s: float = 120.0) -> Iterator | None:
+    """CompileResults for the configs of `jobs` ((problem, configs), None for cuBLAS skipped),
+    in order, compiled ahead on the CPU cores; None when nothing is compiled (no GPU, or a
+    runner other than the real one)."""
     import torch
 
-    if not (torch.cuda.is_available() and args.runner.startswith("gnn_policy.measure.runner:")):
+    if not (torch.cuda.is_available() and runner.startswith("gnn_policy.measure.runner:")):
         return None
     from gnn_policy.measure.compile import compile_stream
 
-    pairs = ((p, c) for p, cs in todo for c in cs if c is not None)
-    return compile_stream(pairs, timeout_s=args.compile_timeout)
+    pairs = ((p, c) for p, cs in jobs for c in cs if c is not None)
+    return compile_stream(pairs, timeout_s=timeout_s)
 
 
 def run(args: CollectArgs) -> dict:
@@ -158,9 +160,9 @@ def run(args: CollectArgs) -> dict:
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
     with Database(args.db) as db:
         counts["loaded_from_shards"] = load_shipped(db)
-        first_new = db.max_id()
+        since = db.high_water()
         todo = _missing(db, gpu.name, plan(problems, gpu, args), counts)
-        compiled = _compile_results(todo, args)
+        compiled = compile_ahead(todo, args.runner, args.compile_timeout)
         with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool, \
                 tqdm(total=sum(len(cs) for _, cs in todo), desc=f"collect {gpu.name}", unit="cfg",
                      smoothing=0.05) as bar:
@@ -193,7 +195,7 @@ def run(args: CollectArgs) -> dict:
         counts["per_minute"] = counts["measured"] / max(counts["wall_s"], 1e-9) * 60
         if args.shard_dir:
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_{stamp}.jsonl.gz", first_new)
+            counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_{stamp}.jsonl.gz", since)
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
 
 

@@ -8,17 +8,21 @@ Schema (SCHEMA below is the one definition):
 - measurements: one row per (gpu, problem, config, source, versions), with the status, the
   per-call median and p10 / p90 times, TFLOP/s, the max relative error, the SM clock and
   the error text of a failure.
+- retimes: later timings of stored pairs (`gnn-policy confirm`), one row per (gpu, problem,
+  config, versions, run, round). Where a config has them, its figure is the median of all
+  its timings.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import sqlite3
+import statistics
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from graphs import GemmProblem
-from gnn_policy.measure.result import CUBLAS, Measurement
+from gnn_policy.measure.result import CUBLAS, Measurement, Retime
 from gnn_policy.space import TileConfig
 
 APP, SCHEMA_VERSION = "gnn-policy", "1"
@@ -44,7 +48,21 @@ CREATE TABLE IF NOT EXISTS measurements (
     error TEXT NOT NULL DEFAULT '',
     created_at TEXT NOT NULL DEFAULT (datetime('now')),
     UNIQUE (gpu_id, problem_id, config_id, source, versions));
+CREATE TABLE IF NOT EXISTS retimes (
+    id INTEGER PRIMARY KEY,
+    gpu_id INTEGER NOT NULL REFERENCES gpus(id),
+    problem_id INTEGER NOT NULL REFERENCES problems(id),
+    config_id INTEGER NOT NULL REFERENCES configs(id),
+    versions TEXT NOT NULL, run TEXT NOT NULL, round INTEGER NOT NULL, status TEXT NOT NULL,
+    median_ms REAL, sm_mhz INTEGER,
+    created_at TEXT NOT NULL DEFAULT (datetime('now')),
+    UNIQUE (gpu_id, problem_id, config_id, versions, run, round));
 """
+
+
+def problem_from_fields(fields: dict) -> GemmProblem:
+    """A GemmProblem from a problems-table row (SQLite stores its bools as 0 / 1)."""
+    return GemmProblem(**dict(fields, bias=bool(fields["bias"]), residual=bool(fields["residual"])))
 
 
 class DatabaseError(RuntimeError):
@@ -133,8 +151,49 @@ class Database:
                 added += cur.rowcount
         return added
 
-    def max_id(self) -> int:
-        return self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM measurements").fetchone()[0]
+    def add_retimes(self, rows: Iterable[Retime]) -> int:
+        """Store re-timings of pairs already in the database, in one transaction. Returns rows added."""
+        added = 0
+        with self.conn:
+            for r in rows:
+                ids = self.conn.execute(
+                    "SELECT g.id, p.id, c.id FROM gpus g, problems p, configs c "
+                    "WHERE g.name=? AND p.key=? AND c.key=?", (r.gpu, r.problem, r.config)).fetchone()
+                if ids is None:
+                    raise ValueError(f"re-timing of {r.gpu}/{r.problem}/{r.config}, which was never measured")
+                cur = self.conn.execute(
+                    "INSERT OR IGNORE INTO retimes (gpu_id, problem_id, config_id, versions, run, round,"
+                    " status, median_ms, sm_mhz) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (*ids, r.versions, r.run, r.round, r.status, r.median_ms, r.sm_mhz))
+                added += cur.rowcount
+        return added
+
+    def high_water(self) -> tuple[int, int]:
+        """The largest measurement and retime ids: what a later export starts after."""
+        return tuple(self.conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM {t}").fetchone()[0]
+                     for t in ("measurements", "retimes"))
+
+    def retimes_after(self, min_id: int) -> Iterator[dict]:
+        q = ("SELECT g.name, p.key, c.key, r.versions, r.run, r.round, r.status, r.median_ms, r.sm_mhz "
+             "FROM retimes r JOIN gpus g ON g.id=r.gpu_id JOIN problems p ON p.id=r.problem_id "
+             "JOIN configs c ON c.id=r.config_id WHERE r.id > ? ORDER BY r.id")
+        for row in self.conn.execute(q, (min_id,)):
+            yield dict(zip(("gpu", "problem", "config", "versions", "run", "round", "status", "median_ms",
+                            "sm_mhz"), row))
+
+    def problems(self, gpu: str) -> list[GemmProblem]:
+        """The problems with at least one correct real measurement on `gpu`, in insertion order."""
+        cols = [f.name for f in dataclasses.fields(GemmProblem)]
+        rows = self.conn.execute(
+            f"SELECT {', '.join('p.' + c for c in cols)} FROM problems p WHERE p.id IN (SELECT m.problem_id "
+            "FROM measurements m JOIN gpus g ON g.id=m.gpu_id WHERE g.name=? AND m.status='ok' "
+            "AND m.source='real') ORDER BY p.id", (gpu,))
+        return [problem_from_fields(dict(zip(cols, row))) for row in rows]
+
+    def retimed_problems(self, gpu: str) -> set[str]:
+        rows = self.conn.execute("SELECT DISTINCT p.key FROM retimes r JOIN gpus g ON g.id=r.gpu_id "
+                                 "JOIN problems p ON p.id=r.problem_id WHERE g.name=?", (gpu,))
+        return {key for (key,) in rows}
 
     def meta(self, key: str) -> str | None:
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -168,14 +227,36 @@ class Database:
             "WHERE g.name=? AND m.source=?", (gpu, source))
         return set(rows)
 
-    def best_known(self, gpu: str, problem: str) -> tuple[str, float] | None:
-        """The highest real TFLOP/s of a correct Triton config (cuBLAS excluded) and its key."""
-        row = self.conn.execute(
-            "SELECT c.key, MAX(m.tflops) FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
+    def tflops(self, gpu: str, problem: str) -> dict[str, float]:
+        """TFLOP/s of every correct real config of a problem (cuBLAS included).
+
+        A config's figure is the median over its first timing and its re-timings under the
+        same versions; across versions, the highest.
+        """
+        first = self.conn.execute(
+            "SELECT c.key, m.versions, m.tflops, m.median_ms FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
             "JOIN problems p ON p.id=m.problem_id JOIN configs c ON c.id=m.config_id "
-            "WHERE g.name=? AND p.key=? AND m.source='real' AND m.status='ok' AND c.key != ?",
-            (gpu, problem, CUBLAS)).fetchone()
-        return (row[0], row[1]) if row and row[0] is not None else None
+            "WHERE g.name=? AND p.key=? AND m.status='ok' AND m.source='real'", (gpu, problem))
+        runs = {(key, ver): ([tf], tf * ms) for key, ver, tf, ms in first}  # tf * ms: the FLOPs, scaled
+        again = self.conn.execute(
+            "SELECT c.key, r.versions, r.median_ms FROM retimes r JOIN gpus g ON g.id=r.gpu_id "
+            "JOIN problems p ON p.id=r.problem_id JOIN configs c ON c.id=r.config_id "
+            "WHERE g.name=? AND p.key=? AND r.status='ok'", (gpu, problem))
+        for key, ver, ms in again:
+            if (key, ver) in runs:
+                runs[(key, ver)][0].append(runs[(key, ver)][1] / ms)
+        out: dict[str, float] = {}
+        for (key, _), (figures, _) in runs.items():
+            out[key] = max(out.get(key, 0.0), statistics.median(figures))
+        return out
+
+    def best_known(self, gpu: str, problem: str) -> tuple[str, float] | None:
+        """The correct Triton config (cuBLAS excluded) with the highest TFLOP/s, re-timings included."""
+        figures = {k: tf for k, tf in self.tflops(gpu, problem).items() if k != CUBLAS}
+        if not figures:
+            return None
+        key = max(figures, key=figures.get)
+        return key, figures[key]
 
     def stats(self) -> dict:
         """{'gpus': name -> {real_ok, real_failed, problems, configs}, 'by_source_status': name -> counts}."""

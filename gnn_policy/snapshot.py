@@ -1,6 +1,7 @@
 """The shipped measurement snapshot: append-only gzip'd JSON-lines shards, one per collection run.
 
-A shard is written at the end of a `collect` run with the rows that run added, and is loaded
+A shard is written at the end of a `collect` or `confirm` run with the rows that run added
+(measurements, and re-timings marked `"kind": "retime"`), and is loaded
 into the SQLite database on first use (recorded in its meta table, so never twice). Shards
 instead of one committed SQLite file, because re-committing a growing binary after every run
 would bloat the git history.
@@ -13,17 +14,18 @@ import os
 from pathlib import Path
 
 from graphs import GemmProblem
-from gnn_policy.database import Database
-from gnn_policy.measure.result import CUBLAS, Measurement
+from gnn_policy.database import Database, problem_from_fields
+from gnn_policy.measure.result import CUBLAS, Measurement, Retime
 from gnn_policy.space import TileConfig
 
 # $GNN_POLICY_SHARDS moves it (the tests point it at an empty folder).
 SHIPPED = Path(os.environ.get("GNN_POLICY_SHARDS", Path(__file__).resolve().parent.parent / "data" / "measurements"))
 
 
-def export_shard(db: Database, path: Path, after_id: int) -> int:
-    """Write the rows with id > after_id to a new shard; returns the number written (0: no file)."""
-    rows = list(db.rows_after(after_id))
+def export_shard(db: Database, path: Path, since: tuple[int, int]) -> int:
+    """Write the measurements and re-timings added after `since` (`db.high_water()` then) to a
+    new shard; returns the number of rows written (0: no file)."""
+    rows = list(db.rows_after(since[0])) + [dict(r, kind="retime") for r in db.retimes_after(since[1])]
     if not rows:
         return 0
     if path.exists():
@@ -36,9 +38,7 @@ def export_shard(db: Database, path: Path, after_id: int) -> int:
 
 
 def _decode(row: dict) -> tuple[Measurement, GemmProblem, TileConfig | None]:
-    fields = dict(row["problem_fields"], bias=bool(row["problem_fields"]["bias"]),
-                  residual=bool(row["problem_fields"]["residual"]))
-    problem = GemmProblem(**fields)
+    problem = problem_from_fields(row["problem_fields"])
     config = None if row["config"] == CUBLAS else TileConfig.from_key(row["config"])
     m = Measurement(**{k: v for k, v in row.items() if k != "problem_fields"})
     if m.problem != problem.key:
@@ -52,8 +52,10 @@ def import_shard(db: Database, path: Path) -> int:
     if db.meta(marker):
         return 0
     with gzip.open(path, "rt") as f:
-        rows = [_decode(json.loads(line)) for line in f if line.strip()]
-    added = db.add(rows)
+        rows = [json.loads(line) for line in f if line.strip()]
+    added = db.add([_decode(r) for r in rows if r.get("kind") != "retime"])
+    added += db.add_retimes([Retime(**{k: v for k, v in r.items() if k != "kind"})
+                             for r in rows if r.get("kind") == "retime"])
     db.set_meta(marker, str(len(rows)))
     return added
 

@@ -21,10 +21,10 @@ def _rows():
 
 def test_round_trip_through_a_shard(tmp_path):
     with Database(tmp_path / "a.sqlite") as a:
-        before = a.max_id()
+        before = a.high_water()
         a.add(_rows())
         assert export_shard(a, tmp_path / "shards" / "run1.jsonl.gz", before) == 3
-        assert export_shard(a, tmp_path / "shards" / "empty.jsonl.gz", a.max_id()) == 0
+        assert export_shard(a, tmp_path / "shards" / "empty.jsonl.gz", a.high_water()) == 0
         original = sorted(map(str, a.rows_after(0)))
     with Database(tmp_path / "b.sqlite") as b:
         assert load_shipped(b, tmp_path / "shards") == 3
@@ -36,8 +36,8 @@ def test_round_trip_through_a_shard(tmp_path):
 def test_shards_are_append_only(tmp_path):
     with Database(tmp_path / "a.sqlite") as a:
         a.add(_rows())
-        export_shard(a, tmp_path / "s.jsonl.gz", 0)
+        export_shard(a, tmp_path / "s.jsonl.gz", (0, 0))
         with pytest.raises(FileExistsError, match="append-only"):
-            export_shard(a, tmp_path / "s.jsonl.gz", 0)
+            export_shard(a, tmp_path / "s.jsonl.gz", (0, 0))
     with Database(tmp_path / "b.sqlite") as b:
         assert import_shard(b, tmp_path / "s.jsonl.gz") == 3

@@ -16,8 +16,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from graphs import GemmProblem
-from gnn_policy.database import Database
+from gnn_policy.database import Database, problem_from_fields
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.space import TileConfig
 
@@ -28,18 +27,20 @@ def draw(db: Database, gpu: str, pairs: int, seed: int) -> list[dict]:
 
 
 def remeasure(rows: list[dict], gpu: str) -> list[dict]:
+    from gnn_policy.measure.compile import precompile
     from gnn_policy.measure.workers import WorkerPool
 
     by_problem: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_problem[r["problem"]].append(r)
+    jobs = [(problem_from_fields(group[0]["problem_fields"]),
+             [None if r["config"] == CUBLAS else TileConfig.from_key(r["config"]) for r in group], group)
+            for group in by_problem.values()]
+    precompile([(p, [c for c in cs if c is not None]) for p, cs, _ in jobs])  # a fresh machine has no cache
     out = []
     with WorkerPool("gnn_policy.measure.runner:measure_configs", gpu=gpu, timeout_s=120) as pool:
-        for group in by_problem.values():
-            f = group[0]["problem_fields"]
-            problem = GemmProblem(**dict(f, bias=bool(f["bias"]), residual=bool(f["residual"])))
-            configs = [None if r["config"] == CUBLAS else TileConfig.from_key(r["config"]) for r in group]
-            for r, m in zip(group, pool.run(problem, configs)):
+        for problem, configs, group in jobs:
+            for m, r in zip(pool.run(problem, configs), group):
                 out.append({"problem": r["problem"], "config": r["config"], "first_ms": r["median_ms"],
                             "second_ms": m.median_ms, "status": m.status,
                             "ratio": m.median_ms / r["median_ms"] if m.median_ms else None})

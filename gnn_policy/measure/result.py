@@ -37,3 +37,28 @@ class Measurement:
             raise ValueError(f"Measurement.source must be one of {SOURCES}, got {self.source!r}")
         if self.status == "ok" and (self.median_ms is None or self.tflops is None):
             raise ValueError("an ok Measurement needs median_ms and tflops")
+
+
+@dataclasses.dataclass(frozen=True)
+class Retime:
+    """A later timing of a stored (gpu, problem, config): run `run`, round `round` of it.
+
+    The configs that decide "best known" are timed again in separate runs, interleaved with
+    each other and with cuBLAS, because their first timings drift by several percent.
+    """
+
+    gpu: str
+    problem: str
+    config: str
+    run: str
+    round: int
+    status: str
+    median_ms: float | None = None
+    sm_mhz: int | None = None
+    versions: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"Retime.status must be one of {STATUSES}, got {self.status!r}")
+        if self.status == "ok" and self.median_ms is None:
+            raise ValueError("an ok Retime needs median_ms")

@@ -1,0 +1,100 @@
+"""`gnn-policy confirm`: re-time the configs that decide "best known", interleaved, in a later run.
+
+A first timing of a top config can read several percent fast or slow (measured on the H200:
+the top three of 4096^3 came out 7-13% slower seconds later, while cuBLAS moved 0.1%). So for
+every measured problem the `--top` fastest configs and cuBLAS are timed again, `--rounds`
+times each, in a new shuffled order every round, in a fresh worker. The rows go to the
+`retimes` table; a config's figure is then the median of all its timings
+(`Database.tflops`), which is what best known and every fraction of it use. A problem that
+already has re-timings is skipped, so the command resumes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from gnn_policy.args import flag
+from gnn_policy.measure.result import CUBLAS, Retime
+from gnn_policy.space import TileConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfirmArgs:
+    """Re-time the best configs of every measured problem, interleaved with cuBLAS (resumes)."""
+
+    db: str = flag(help="the SQLite database (the shipped snapshot is loaded into it first)")
+    gpu: str = flag("", "GPU spec name (default: the local device)")
+    top: int = flag(3, "fastest configs per problem to re-time, besides cuBLAS")
+    rounds: int = flag(3, "interleaved rounds: each contender is timed once per round")
+    seed: int = flag(0, "seed of the per-round orders")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout")
+    replays: int = flag(10, "at most this many CUDA-graph replays per timing (at least 3)")
+    time_limit: float = flag(0.0, "minutes after which the run stores what it has and stops (0: no limit)")
+    runner: str = flag("gnn_policy.measure.runner:measure_configs",
+                       "dotted path of the measuring function (package.module:function)")
+    shard_dir: str = flag("", "write the re-timings of this run to a new shard here (e.g. data/measurements)")
+
+
+def schedule(contenders: list[str], rounds: int, rng: random.Random) -> list[tuple[int, str]]:
+    """(round, config key) in timing order: every contender once per round, shuffled anew."""
+    return [(r, key) for r in range(rounds) for key in rng.sample(contenders, len(contenders))]
+
+
+def contenders(figures: dict[str, float], top: int) -> list[str]:
+    """The `top` fastest Triton configs and cuBLAS (when measured)."""
+    ranked = sorted((k for k in figures if k != CUBLAS), key=figures.get, reverse=True)[:top]
+    return ranked + ([CUBLAS] if CUBLAS in figures else [])
+
+
+def run(args: ConfirmArgs) -> dict:
+    """Re-time what has no re-timing yet; returns counts."""
+    from tqdm import tqdm
+
+    import hardware_specs
+    from gnn_policy.collect import compile_ahead
+    from gnn_policy.database import Database
+    from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
+    from gnn_policy.snapshot import export_shard, load_shipped
+
+    gpu = hardware_specs.load(args.gpu) if args.gpu else hardware_specs.detect()
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    counts: dict = defaultdict(int)
+    start = time.monotonic()
+    deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
+    with Database(args.db) as db:
+        load_shipped(db)
+        since = db.high_water()
+        done = db.retimed_problems(gpu.name)
+        jobs = []
+        for p in db.problems(gpu.name):
+            if p.key not in done:
+                rng = random.Random(f"{args.seed}:{p.key}")
+                jobs.append((p, schedule(contenders(db.tflops(gpu.name, p.key), args.top), args.rounds, rng)))
+        compiled = compile_ahead([(p, sorted({TileConfig.from_key(k) for _, k in s if k != CUBLAS}))
+                                  for p, s in jobs], args.runner)
+        with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool:
+            for p, sched in tqdm(jobs, desc=f"confirm {gpu.name}", unit="problem"):
+                if time.monotonic() > deadline:
+                    counts["stopped_by_time_limit"] = 1
+                    break
+                for _ in range(len({k for _, k in sched if k != CUBLAS}) if compiled else 0):
+                    next(compiled)  # the worker loads these from Triton's cache
+                configs = [None if k == CUBLAS else TileConfig.from_key(k) for _, k in sched]
+                try:
+                    rows = [Retime(gpu.name, p.key, key, run_id, rnd, m.status, m.median_ms, m.sm_mhz, m.versions)
+                            for (rnd, key), m in zip(sched, pool.run(p, configs))]
+                except ProblemSetupError as exc:
+                    tqdm.write(f"skipped {exc}")
+                    continue
+                counts["retimed"] += db.add_retimes(rows)
+                counts["problems_done"] += 1
+        if compiled is not None:
+            compiled.close()
+        if args.shard_dir:
+            counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_retime_{run_id}.jsonl.gz",
+                                                since)
+    counts["wall_s"] = round(time.monotonic() - start, 1)
+    return dict(counts)
