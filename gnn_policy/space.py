@@ -7,6 +7,7 @@ from it, so a rule added here applies everywhere at once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import re
@@ -187,6 +188,43 @@ class ConfigSpace:
 
     def valid(self, gpu: GpuSpec, dtype: str, k: int | None = None) -> list[TileConfig]:
         return [c for c in self if not violations(c, gpu, dtype, k)]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Values per knob, in knob order: the shape of `mask` (and of the policy's heads)."""
+        return tuple(len(v) for _, v in self.knobs)
+
+    def index(self, config: TileConfig) -> tuple[int, ...]:
+        """Each knob's value index; raises ValueError for a config outside the space."""
+        try:
+            return tuple(v.index(getattr(config, n)) for n, v in self.knobs)
+        except ValueError:
+            raise ValueError(f"{config.key} is not in the {self.name!r} space") from None
+
+    def at(self, index: tuple[int, ...]) -> TileConfig:
+        return TileConfig(**{n: v[i] for (n, v), i in zip(self.knobs, index)})
+
+    def mask(self, gpu: GpuSpec, dtype: str, k: int | None = None) -> Any:
+        """A bool tensor of `shape`: True where the config is valid (`violations` is empty)."""
+        import torch
+
+        base = _base_mask(self, gpu, dtype)
+        if k is None:
+            return base
+        names = [n for n, _ in self.knobs]
+        bk, sk = names.index("block_k"), names.index("split_k")
+        fits = torch.tensor([[s <= math.ceil(k / b) for s in self.values["split_k"]]
+                             for b in self.values["block_k"]])
+        view = [1] * len(names)
+        view[bk], view[sk] = fits.shape if bk < sk else fits.shape[::-1]
+        return base & (fits if bk < sk else fits.T).reshape(view)
+
+
+@functools.lru_cache(maxsize=64)
+def _base_mask(space_: ConfigSpace, gpu: GpuSpec, dtype: str) -> Any:
+    import torch
+
+    return torch.tensor([not violations(c, gpu, dtype) for c in space_]).reshape(space_.shape)
 
 
 def _space(name: str, **knobs: tuple[Any, ...]) -> ConfigSpace:
