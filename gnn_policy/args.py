@@ -37,6 +37,6 @@ def build(cls: type, ns: dict[str, Any]) -> Any:
     """The dataclass from parsed flags; flags not given keep the field defaults."""
     values = {k: v for k, v in ns.items() if v is not None}
     for f in dataclasses.fields(cls):
-        if f.metadata.get("action") == "append" and f.name in values:
+        if (f.metadata.get("action") == "append" or isinstance(f.default, tuple)) and f.name in values:
             values[f.name] = tuple(values[f.name])
     return cls(**values)

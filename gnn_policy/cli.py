@@ -12,6 +12,7 @@ import hardware_specs
 from gnn_policy.args import add_fields, build, flag
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
+from training.pretrain import PretrainArgs
 from gnn_policy.database import DEFAULT_PATH, DatabaseError
 
 
@@ -125,6 +126,14 @@ def run_collect(args: CollectArgs) -> int:
     return 0
 
 
+def run_pretrain(args: PretrainArgs) -> int:
+    from training.pretrain import run  # Lightning loads only for the commands that train
+
+    card = run(args)
+    print(json.dumps(card["metrics"], indent=1))
+    return 0
+
+
 def run_confirm(args: ConfirmArgs) -> int:
     from gnn_policy.confirm import run
 
@@ -135,6 +144,7 @@ def run_confirm(args: ConfirmArgs) -> int:
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "collect": (CollectArgs, run_collect),
     "confirm": (ConfirmArgs, run_confirm),
+    "pretrain": (PretrainArgs, run_pretrain),
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
     "stats": (StatsArgs, run_stats),
@@ -148,6 +158,10 @@ def parse(argv: Sequence[str] | None = None) -> tuple[str, Any]:
         add_fields(sub.add_parser(name, help=cls.__doc__, description=cls.__doc__), cls)
     ns = vars(parser.parse_args(argv))
     name = ns.pop("command")
+    if ns.get("config"):  # a JSON file of the command's fields, under the flags given
+        given = {k for k, v in ns.items() if v is not None}
+        with open(ns["config"]) as f:
+            ns.update({k: v for k, v in json.load(f).items() if k not in given})
     return name, build(COMMANDS[name][0], ns)
 
 

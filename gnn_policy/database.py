@@ -190,6 +190,17 @@ class Database:
             "AND m.source='real') ORDER BY p.id", (gpu,))
         return [problem_from_fields(dict(zip(cols, row))) for row in rows]
 
+    def failed_configs(self, gpu: str) -> dict[str, list[str]]:
+        """Problem key -> the config keys that failed there (any real status but ok; cuBLAS excluded)."""
+        out: dict[str, list[str]] = {}
+        rows = self.conn.execute(
+            "SELECT p.key, c.key FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
+            "JOIN problems p ON p.id=m.problem_id JOIN configs c ON c.id=m.config_id "
+            "WHERE g.name=? AND m.source='real' AND m.status != 'ok' AND c.key != ?", (gpu, CUBLAS))
+        for problem, config in rows:
+            out.setdefault(problem, []).append(config)
+        return out
+
     def retimed_problems(self, gpu: str) -> set[str]:
         rows = self.conn.execute("SELECT DISTINCT p.key FROM retimes r JOIN gpus g ON g.id=r.gpu_id "
                                  "JOIN problems p ON p.id=r.problem_id WHERE g.name=?", (gpu,))

@@ -1,0 +1,103 @@
+"""Database rows as training samples: one per (GPU, problem), with listwise targets.
+
+A sample holds the problem graph, the GPU's spec vector and vocabulary index, the knob
+indices of every correctly measured config with its TFLOP/s (re-timings included, through
+`Database.tflops`), and the configs that failed (compile error, wrong result, crash,
+timeout) as negatives. Listwise target: softmax over the measured configs of
+log(TFLOP/s / best) / temperature, so the best config gets the most mass and one at half
+speed e^(-ln 2 / T) times less.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import torch
+from torch_geometric.data import Batch, Data
+
+import hardware_specs
+from graphs import GemmProblem
+from graphs.build import problem_graph
+from hardware_specs.features import GpuVocab, spec_vector
+from gnn_policy.database import Database
+from gnn_policy.measure.result import CUBLAS
+from gnn_policy.space import ConfigSpace, TileConfig
+
+
+@dataclasses.dataclass
+class Sample:
+    problem: GemmProblem
+    gpu: str
+    graph: Data
+    configs: torch.Tensor  # [C, knobs] knob indices of correct configs
+    log_tflops: torch.Tensor  # [C]
+    failed: torch.Tensor  # [F, knobs] knob indices of failed configs
+    cublas_tflops: float | None
+
+
+def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
+                 families: Sequence[str] | None = None) -> list[Sample]:
+    """Samples of the given GPUs, restricted to problems of `families` (None: all)."""
+    out = []
+    for gpu in gpus:
+        failed_by_problem = db.failed_configs(gpu)
+        for p in db.problems(gpu):
+            if families is not None and p.model not in families:
+                continue
+            figs = db.tflops(gpu, p.key)
+            keys = [k for k in figs if k != CUBLAS and TileConfig.from_key(k) in space]
+            if not keys:
+                continue
+            failed = [k for k in failed_by_problem.get(p.key, ()) if TileConfig.from_key(k) in space]
+            out.append(Sample(
+                problem=p, gpu=gpu, graph=problem_graph(p),
+                configs=torch.tensor([space.index(TileConfig.from_key(k)) for k in keys]),
+                log_tflops=torch.tensor([math.log(figs[k]) for k in keys]),
+                failed=torch.tensor([space.index(TileConfig.from_key(k)) for k in failed],
+                                    dtype=torch.long).reshape(-1, len(space.shape)),
+                cublas_tflops=figs.get(CUBLAS)))
+    return out
+
+
+def listwise_target(log_tflops: torch.Tensor, valid: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(log(tflops / best) / T) over the valid entries of each row; [B, C]."""
+    scores = (log_tflops / temperature).masked_fill(~valid, float("-inf"))
+    return torch.softmax(scores, -1)
+
+
+@dataclasses.dataclass
+class Collated:
+    graphs: Batch
+    spec: torch.Tensor  # [B, SPEC_DIM]
+    gpu_index: torch.Tensor  # [B]
+    masks: torch.Tensor  # [B, *space.shape] valid configs of each problem
+    configs: torch.Tensor  # [B, C, knobs] padded with index 0
+    log_tflops: torch.Tensor  # [B, C]
+    valid: torch.Tensor  # [B, C] False on padding
+    failed: torch.Tensor  # [B, F, knobs]
+    failed_valid: torch.Tensor  # [B, F]
+
+
+def collate(samples: Sequence[Sample], space: ConfigSpace, vocab: GpuVocab) -> Collated:
+    def pad(rows: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = max(1, max(len(r) for r in rows))
+        out = torch.zeros(len(rows), n, width, dtype=torch.long)
+        ok = torch.zeros(len(rows), n, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            out[i, :len(r)], ok[i, :len(r)] = r, True
+        return out, ok
+
+    knobs = len(space.shape)
+    configs, valid = pad([s.configs for s in samples], knobs)
+    failed, failed_valid = pad([s.failed for s in samples], knobs)
+    log_tflops = torch.zeros(valid.shape)
+    for i, s in enumerate(samples):
+        log_tflops[i, :len(s.log_tflops)] = s.log_tflops
+    specs = {s.gpu: hardware_specs.load(s.gpu) for s in samples}
+    return Collated(
+        graphs=Batch.from_data_list([s.graph for s in samples]),
+        spec=torch.stack([spec_vector(specs[s.gpu]) for s in samples]),
+        gpu_index=torch.tensor([vocab.index(s.gpu) for s in samples]),
+        masks=torch.stack([space.mask(specs[s.gpu], s.problem.dtype, s.problem.k) for s in samples]),
+        configs=configs, log_tflops=log_tflops, valid=valid, failed=failed, failed_valid=failed_valid)

@@ -1,0 +1,39 @@
+"""The pretraining losses (pure functions of tensors; the LightningModule weighs them)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def listwise_loss(logp: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the policy's log-probabilities [B, C] against listwise targets [B, C]."""
+    return -(target * logp.masked_fill(~valid, 0.0)).sum(-1).mean()
+
+
+def failure_loss(logp_failed: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """-log(1 - p) for every failed config: pushes their probability to zero (strong negatives)."""
+    if not valid.any():
+        return logp_failed.new_zeros(())
+    p = logp_failed.exp().clamp(max=1 - 1e-6)
+    return -torch.log1p(-p)[valid].mean()
+
+
+def ranking_loss(pred: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Pairwise logistic loss over the pairs of one problem whose measured order is strict."""
+    diff_true = log_tflops[:, :, None] - log_tflops[:, None, :]
+    pairs = (diff_true > 1e-3) & valid[:, :, None] & valid[:, None, :]
+    if not pairs.any():
+        return pred.new_zeros(())
+    diff_pred = pred[:, :, None] - pred[:, None, :]
+    return F.softplus(-diff_pred)[pairs].mean()
+
+
+def regression_loss(pred: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(pred[valid], log_tflops[valid])
+
+
+def top1_fraction(scores: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Geomean over problems of (measured TFLOP/s of the top-scored measured config) / best measured."""
+    pick = scores.masked_fill(~valid, float("-inf")).argmax(-1, keepdim=True)
+    best = log_tflops.masked_fill(~valid, float("-inf")).max(-1).values
+    return (log_tflops.gather(-1, pick).squeeze(-1) - best).mean().exp()

@@ -1,0 +1,83 @@
+"""`gnn-policy pretrain`: train the policy on real measurements of the train families.
+
+Writes `<out>/pretrained.pt` (the model's state_dict and its ModelConfig, loadable with
+`torch.load(weights_only=True)`) and `<out>/pretrained.card.json` (data, GPUs, splits,
+metrics, versions). Metrics go to W&B (offline by default) and to a CSV under `--log-dir`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from gnn_policy.args import flag
+from gnn_policy.database import DEFAULT_PATH
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainArgs:
+    """Pretrain the policy on the measurement database (train families; val families for validation)."""
+
+    db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
+    config: str = flag("", "a JSON file of these fields; flags given on the command line override it")
+    gpus: tuple[str, ...] = flag(("H200-SXM-141GB",), "GPUs whose real measurements to train on (repeatable)",
+                                 action="append")
+    epochs: int = flag(40, "passes over the training problems")
+    batch_size: int = flag(8, "problems per batch")
+    lr: float = flag(1e-3, "AdamW learning rate")
+    hidden: int = flag(128, "width of the encoders and heads")
+    layers: int = flag(3, "GINEConv layers")
+    temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)")
+    seed: int = flag(0, "seed of weights, shuffling and GPU-embedding dropout")
+    out: str = flag("checkpoints", "folder for pretrained.pt and pretrained.card.json")
+    log_dir: str = flag("runs/pretrain", "folder for the CSV metrics and the offline W&B run")
+    group: str = flag("pretrain", "W&B group")
+    tags: tuple[str, ...] = flag((), "W&B tags (repeatable)", action="append")
+    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    max_minutes: float = flag(20.0, "stop training after this many minutes")
+
+
+def run(args: PretrainArgs) -> dict:
+    """Train, write the checkpoint and its card; returns the card."""
+    import pytorch_lightning as pl
+    import torch
+    import torch_geometric
+
+    from hardware_specs.features import GpuVocab
+    from gnn_policy.model import ModelConfig
+    from gnn_policy.space import space
+    from training.datamodule import MeasurementDataModule
+    from training.module import PolicyModule
+    from training.tracking import loggers
+
+    pl.seed_everything(args.seed, workers=True)
+    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=tuple(sorted(args.gpus)))
+    data = MeasurementDataModule(args.db, args.gpus, space(model_config.space), GpuVocab(model_config.gpu_names),
+                                 batch_size=args.batch_size)
+    data.setup()
+    module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature)
+    trainer = pl.Trainer(
+        max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, accelerator="auto", devices=1,
+        logger=loggers(Path(args.log_dir), job_type="pretrain", group=args.group, tags=args.tags,
+                       config=dataclasses.asdict(args), wandb=args.wandb),
+        enable_checkpointing=False, deterministic=True, log_every_n_steps=1)
+    start = time.time()
+    trainer.fit(module, datamodule=data)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"model_config": dataclasses.asdict(model_config), "state_dict": module.model.state_dict()},
+               out / "pretrained.pt")
+    card = {
+        "checkpoint": "pretrained.pt", "job": "pretrain", "args": dataclasses.asdict(args),
+        "model_config": dataclasses.asdict(model_config), "gpus": list(args.gpus),
+        "data": {name: {"problems": len(s), "measured_configs": sum(len(x.configs) for x in s)}
+                 for name, s in data.samples.items()},
+        "splits": "graphs.suite.SPLITS (by model family)",
+        "metrics": {k: round(float(v), 5) for k, v in sorted(trainer.callback_metrics.items())},
+        "epochs_run": trainer.current_epoch, "train_seconds": round(time.time() - start, 1),
+        "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
+                     "pytorch_lightning": pl.__version__},
+    }
+    (out / "pretrained.card.json").write_text(json.dumps(card, indent=1) + "\n")
+    return card

@@ -1,0 +1,24 @@
+"""The one place experiment tracking is set up: W&B (offline unless WANDB_MODE says otherwise)
+and a local CSV of the same metrics."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+
+def loggers(save_dir: Path, *, job_type: str, group: str, tags: Sequence[str], config: dict,
+            wandb: bool = True) -> list:
+    """[CSVLogger, WandbLogger]: metrics land in save_dir/csv and save_dir/wandb/offline-run-*."""
+    from pytorch_lightning.loggers import CSVLogger
+
+    save_dir.mkdir(parents=True, exist_ok=True)
+    out = [CSVLogger(str(save_dir), name="csv")]
+    if wandb:
+        from pytorch_lightning.loggers import WandbLogger
+
+        os.environ.setdefault("WANDB_MODE", "offline")  # no machine here reaches W&B; `wandb sync` later
+        os.environ.setdefault("WANDB_SILENT", "true")
+        out.append(WandbLogger(project="gnn-policy", save_dir=str(save_dir), job_type=job_type, group=group,
+                               tags=list(tags), config=config, offline=os.environ["WANDB_MODE"] == "offline"))
+    return out
