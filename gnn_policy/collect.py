@@ -170,7 +170,7 @@ def run(args: CollectArgs) -> dict:
                 if time.monotonic() > deadline:
                     counts["stopped_by_time_limit"] = 1
                     break
-                rows, measure = _compile_failures(p, configs, compiled, gpu.name, counts)
+                rows, measure = take_compiled(p, configs, compiled, gpu.name, counts)
                 t0 = time.monotonic()
                 try:
                     for m, c in zip(pool.run(p, measure), measure):
@@ -178,10 +178,9 @@ def run(args: CollectArgs) -> dict:
                         bar.update(1)
                         if time.monotonic() > deadline:  # keep what this problem has; the rest resumes
                             break
-                except ProblemSetupError as exc:  # nothing stored: a later run tries it again
-                    tqdm.write(f"skipped {exc}")
+                except ProblemSetupError as exc:  # what was measured stays; the rest is tried again later
+                    tqdm.write(f"stopped {exc}")
                     counts["problems_failed_setup"] += 1
-                    rows = []
                 counts["measure_s"] += time.monotonic() - t0
                 bar.update(len(configs) - len(measure))
                 for m, _, _ in rows:
@@ -199,8 +198,10 @@ def run(args: CollectArgs) -> dict:
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
 
 
-def _compile_failures(problem: GemmProblem, configs: list, compiled, gpu_name: str, counts: dict):
-    """Rows for the configs that failed to compile, and the configs left to measure.
+def take_compiled(problem: GemmProblem, configs: list, compiled, gpu_name: str, counts: dict):
+    """Take this problem's results from the compile stream (one per config of `configs` that
+    is not None, in order): rows for the configs that failed to compile, and the configs left
+    to measure.
 
     A config whose variant cannot serve this problem's layout (TMA on unaligned strides) is
     not a valid point for it and gets no row. Waiting here is time the GPU sits idle.
@@ -221,6 +222,8 @@ def _compile_failures(problem: GemmProblem, configs: list, compiled, gpu_name: s
             measure.append(c)
         elif r.status == "invalid":
             counts["invalid_layout"] += 1
+        elif r.status == "oom":  # the compile process ran out of GPU memory: no row, retried later
+            counts["compile_oom"] += 1
         else:
             m = Measurement(gpu_name, problem.key, c.key, r.status, versions=environment(), error=r.error)
             rows.append((m, problem, c))

@@ -43,6 +43,11 @@ def schedule(contenders: list[str], rounds: int, rng: random.Random) -> list[tup
     return [(r, key) for r in range(rounds) for key in rng.sample(contenders, len(contenders))]
 
 
+def _unique(sched: list[tuple[int, str]]) -> list[TileConfig]:
+    """The Triton configs of a schedule, once each, in a fixed order (the compile order)."""
+    return sorted({TileConfig.from_key(k) for _, k in sched if k != CUBLAS})
+
+
 def contenders(figures: dict[str, float], top: int) -> list[str]:
     """The `top` fastest Triton configs and cuBLAS (when measured)."""
     ranked = sorted((k for k in figures if k != CUBLAS), key=figures.get, reverse=True)[:top]
@@ -54,7 +59,7 @@ def run(args: ConfirmArgs) -> dict:
     from tqdm import tqdm
 
     import hardware_specs
-    from gnn_policy.collect import compile_ahead
+    from gnn_policy.collect import compile_ahead, take_compiled
     from gnn_policy.database import Database
     from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
     from gnn_policy.snapshot import export_shard, load_shipped
@@ -73,19 +78,19 @@ def run(args: ConfirmArgs) -> dict:
             if p.key not in done:
                 rng = random.Random(f"{args.seed}:{p.key}")
                 jobs.append((p, schedule(contenders(db.tflops(gpu.name, p.key), args.top), args.rounds, rng)))
-        compiled = compile_ahead([(p, sorted({TileConfig.from_key(k) for _, k in s if k != CUBLAS}))
-                                  for p, s in jobs], args.runner)
+        compiled = compile_ahead([(p, _unique(s)) for p, s in jobs], args.runner)
         with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool:
             for p, sched in tqdm(jobs, desc=f"confirm {gpu.name}", unit="problem"):
                 if time.monotonic() > deadline:
                     counts["stopped_by_time_limit"] = 1
                     break
-                for _ in range(len({k for _, k in sched if k != CUBLAS}) if compiled else 0):
-                    next(compiled)  # the worker loads these from Triton's cache
+                _, ready = take_compiled(p, _unique(sched), compiled, gpu.name, counts)
+                keep = {c.key for c in ready if c is not None} | {CUBLAS}
+                sched = [(r, k) for r, k in sched if k in keep]  # a contender that no longer compiles drops out
                 configs = [None if k == CUBLAS else TileConfig.from_key(k) for _, k in sched]
                 try:
-                    rows = [Retime(gpu.name, p.key, key, run_id, rnd, m.status, m.median_ms, m.sm_mhz, m.versions)
-                            for (rnd, key), m in zip(sched, pool.run(p, configs))]
+                    rows = [(Retime(gpu.name, p.key, key, run_id, rnd, m.status, m.median_ms, m.sm_mhz, m.versions),
+                             p, c) for m, (rnd, key), c in zip(pool.run(p, configs), sched, configs)]
                 except ProblemSetupError as exc:
                     tqdm.write(f"skipped {exc}")
                     continue

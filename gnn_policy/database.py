@@ -60,6 +60,9 @@ CREATE TABLE IF NOT EXISTS retimes (
 """
 
 
+PROBLEM_COLUMNS = tuple(f.name for f in dataclasses.fields(GemmProblem))
+
+
 def problem_from_fields(fields: dict) -> GemmProblem:
     """A GemmProblem from a problems-table row (SQLite stores its bools as 0 / 1)."""
     return GemmProblem(**dict(fields, bias=bool(fields["bias"]), residual=bool(fields["residual"])))
@@ -151,16 +154,15 @@ class Database:
                 added += cur.rowcount
         return added
 
-    def add_retimes(self, rows: Iterable[Retime]) -> int:
-        """Store re-timings of pairs already in the database, in one transaction. Returns rows added."""
+    def add_retimes(self, rows: Iterable[tuple[Retime, GemmProblem, TileConfig | None]]) -> int:
+        """Store re-timings in one transaction; returns rows added. A re-timing counts towards a
+        config's figure only beside a first measurement under the same versions."""
         added = 0
         with self.conn:
-            for r in rows:
-                ids = self.conn.execute(
-                    "SELECT g.id, p.id, c.id FROM gpus g, problems p, configs c "
-                    "WHERE g.name=? AND p.key=? AND c.key=?", (r.gpu, r.problem, r.config)).fetchone()
-                if ids is None:
-                    raise ValueError(f"re-timing of {r.gpu}/{r.problem}/{r.config}, which was never measured")
+            for r, problem, config in rows:
+                if r.problem != problem.key or r.config != (config.key if config else CUBLAS):
+                    raise ValueError(f"re-timing {r.problem}/{r.config} does not match its problem/config")
+                ids = (self._id("gpus", "name", r.gpu), self.add_problem(problem), self.add_config(config))
                 cur = self.conn.execute(
                     "INSERT OR IGNORE INTO retimes (gpu_id, problem_id, config_id, versions, run, round,"
                     " status, median_ms, sm_mhz) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -174,16 +176,18 @@ class Database:
                      for t in ("measurements", "retimes"))
 
     def retimes_after(self, min_id: int) -> Iterator[dict]:
-        q = ("SELECT g.name, p.key, c.key, r.versions, r.run, r.round, r.status, r.median_ms, r.sm_mhz "
-             "FROM retimes r JOIN gpus g ON g.id=r.gpu_id JOIN problems p ON p.id=r.problem_id "
+        """Re-timing rows with id > min_id, with their gpu, problem and config keys and problem fields."""
+        cols = ("gpu", "problem", "config", "versions", "run", "round", "status", "median_ms", "sm_mhz")
+        q = ("SELECT g.name, p.key, c.key, r.versions, r.run, r.round, r.status, r.median_ms, r.sm_mhz, "
+             + ", ".join(f"p.{c}" for c in PROBLEM_COLUMNS) +
+             " FROM retimes r JOIN gpus g ON g.id=r.gpu_id JOIN problems p ON p.id=r.problem_id "
              "JOIN configs c ON c.id=r.config_id WHERE r.id > ? ORDER BY r.id")
         for row in self.conn.execute(q, (min_id,)):
-            yield dict(zip(("gpu", "problem", "config", "versions", "run", "round", "status", "median_ms",
-                            "sm_mhz"), row))
+            yield dict(zip(cols, row), problem_fields=dict(zip(PROBLEM_COLUMNS, row[len(cols):])))
 
     def problems(self, gpu: str) -> list[GemmProblem]:
         """The problems with at least one correct real measurement on `gpu`, in insertion order."""
-        cols = [f.name for f in dataclasses.fields(GemmProblem)]
+        cols = PROBLEM_COLUMNS
         rows = self.conn.execute(
             f"SELECT {', '.join('p.' + c for c in cols)} FROM problems p WHERE p.id IN (SELECT m.problem_id "
             "FROM measurements m JOIN gpus g ON g.id=m.gpu_id WHERE g.name=? AND m.status='ok' "
@@ -202,8 +206,12 @@ class Database:
         return out
 
     def retimed_problems(self, gpu: str) -> set[str]:
-        rows = self.conn.execute("SELECT DISTINCT p.key FROM retimes r JOIN gpus g ON g.id=r.gpu_id "
-                                 "JOIN problems p ON p.id=r.problem_id WHERE g.name=?", (gpu,))
+        """Problems with a correct re-timing that counts: under the versions of a first measurement."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT p.key FROM retimes r JOIN gpus g ON g.id=r.gpu_id "
+            "JOIN problems p ON p.id=r.problem_id JOIN measurements m ON m.gpu_id=r.gpu_id "
+            "AND m.problem_id=r.problem_id AND m.config_id=r.config_id AND m.versions=r.versions "
+            "WHERE g.name=? AND r.status='ok' AND m.source='real'", (gpu,))
         return {key for (key,) in rows}
 
     def meta(self, key: str) -> str | None:
@@ -218,8 +226,7 @@ class Database:
         """Measurement rows with id > min_id, joined with their gpu, problem and config keys."""
         cols = ("gpu", "problem", "config", "source", "versions", "status", "median_ms", "p10_ms",
                 "p90_ms", "tflops", "max_rel_err", "sm_mhz", "error")
-        pcols = ("m", "n", "k", "batch", "dtype", "a_layout", "b_layout", "bias", "activation",
-                 "residual", "model", "layer")
+        pcols = PROBLEM_COLUMNS
         q = ("SELECT g.name, p.key, c.key, m.source, m.versions, m.status, m.median_ms, m.p10_ms, "
              "m.p90_ms, m.tflops, m.max_rel_err, m.sm_mhz, m.error, "
              + ", ".join(f"p.{c}" for c in pcols) +

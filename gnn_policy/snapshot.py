@@ -37,13 +37,21 @@ def export_shard(db: Database, path: Path, since: tuple[int, int]) -> int:
     return len(rows)
 
 
-def _decode(row: dict) -> tuple[Measurement, GemmProblem, TileConfig | None]:
+def _problem_and_config(row: dict) -> tuple[GemmProblem, TileConfig | None]:
     problem = problem_from_fields(row["problem_fields"])
-    config = None if row["config"] == CUBLAS else TileConfig.from_key(row["config"])
-    m = Measurement(**{k: v for k, v in row.items() if k != "problem_fields"})
-    if m.problem != problem.key:
-        raise ValueError(f"shard row for {m.problem} describes problem {problem.key}")
-    return m, problem, config
+    if problem.key != row["problem"]:
+        raise ValueError(f"shard row for {row['problem']} describes problem {problem.key}")
+    return problem, None if row["config"] == CUBLAS else TileConfig.from_key(row["config"])
+
+
+def _decode(row: dict) -> tuple[Measurement, GemmProblem, TileConfig | None]:
+    problem, config = _problem_and_config(row)
+    return Measurement(**{k: v for k, v in row.items() if k != "problem_fields"}), problem, config
+
+
+def _decode_retime(row: dict) -> tuple[Retime, GemmProblem, TileConfig | None]:
+    problem, config = _problem_and_config(row)
+    return Retime(**{k: v for k, v in row.items() if k not in ("kind", "problem_fields")}), problem, config
 
 
 def import_shard(db: Database, path: Path) -> int:
@@ -54,8 +62,7 @@ def import_shard(db: Database, path: Path) -> int:
     with gzip.open(path, "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     added = db.add([_decode(r) for r in rows if r.get("kind") != "retime"])
-    added += db.add_retimes([Retime(**{k: v for k, v in r.items() if k != "kind"})
-                             for r in rows if r.get("kind") == "retime"])
+    added += db.add_retimes([_decode_retime(r) for r in rows if r.get("kind") == "retime"])
     db.set_meta(marker, str(len(rows)))
     return added
 

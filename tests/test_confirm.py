@@ -8,6 +8,8 @@ from gnn_policy.collect import CollectArgs, run as collect
 from gnn_policy.confirm import ConfirmArgs, contenders, run as confirm, schedule
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS, Retime
+from gnn_policy.snapshot import load_shipped
+from gnn_policy.space import TileConfig
 
 GPU = "H200-SXM-141GB"
 
@@ -43,10 +45,23 @@ def test_retimes_move_best_known_to_the_median_of_all_timings(tmp_path):
     db_path = str(tmp_path / "m.sqlite")
     collect(CollectArgs(db=db_path, gpu="h200", split="test", problems=1, configs=6, runner="fake_runner:measure"))
     with Database(db_path) as db:
-        problem = db.problems(GPU)[0].key
+        p = db.problems(GPU)[0]
+        problem = p.key
         key, tflops = db.best_known(GPU, problem)  # fake runner: median 1 ms, TFLOP/s = BLOCK_M
-        versions = ""
-        db.add_retimes([Retime(GPU, problem, key, "later", r, "ok", ms, versions=versions)
+        config = TileConfig.from_key(key)
+        db.add_retimes([(Retime(GPU, problem, key, "later", r, "ok", ms), p, config)
                         for r, ms in enumerate((2.0, 4.0))])
         # timings 1, 2 and 4 ms: the median (2 ms) halves the figure
         assert db.tflops(GPU, problem)[key] == tflops / 2
+        # under other software the re-timing is another measurement's business: ignored here
+        db.add_retimes([(Retime(GPU, problem, key, "newer", 0, "ok", 100.0, versions="triton 9"), p, config)])
+        assert db.tflops(GPU, problem)[key] == tflops / 2
+
+
+def test_a_retime_shard_loads_without_the_shard_of_its_measurements(tmp_path):
+    db = str(tmp_path / "m.sqlite")
+    collect(CollectArgs(db=db, gpu="h200", split="test", problems=1, configs=4, runner="fake_runner:measure"))
+    confirm(ConfirmArgs(db=db, gpu="h200", runner="fake_runner:measure", shard_dir=str(tmp_path / "s")))
+    with Database(tmp_path / "fresh.sqlite") as fresh:
+        assert load_shipped(fresh, tmp_path / "s") == 4 * 3  # top 3 + cuBLAS, 3 rounds
+        assert fresh.retimed_problems(GPU) == set()  # nothing to count them against here

@@ -24,7 +24,7 @@ from gnn_policy.space import TileConfig
 class CompileResult:
     problem: str
     config: str
-    status: str  # ok | invalid (the variant cannot serve this layout) | compile_error | timeout
+    status: str  # ok | invalid (the variant cannot serve this layout) | compile_error | timeout | oom
     seconds: float
     error: str = ""
 
@@ -65,14 +65,17 @@ def compile_one(job: tuple[GemmProblem, TileConfig, float]) -> CompileResult:
     from gnn_policy.kernels.launch import LayoutError, compile_kernel
 
     problem, config, timeout_s = job
-    args = _inputs(problem)
     start = time.perf_counter()
     previous = signal.signal(signal.SIGALRM, _alarm)
     _EXPIRED[0] = False
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        compile_kernel(args["a"], args["b"], config, bias=args["bias"],
-                       activation=args["activation"], residual=args["residual"])
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            args = _inputs(problem)
+            compile_kernel(args["a"], args["b"], config, bias=args["bias"],
+                           activation=args["activation"], residual=args["residual"])
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # disarmed before any handler below runs
         status, error = "ok", ""
     except LayoutError as exc:
         status, error = "invalid", str(exc)
@@ -80,8 +83,9 @@ def compile_one(job: tuple[GemmProblem, TileConfig, float]) -> CompileResult:
         status, error = "compile_error", f"{type(exc).__name__}: {exc}"[:500]
         if _EXPIRED[0]:
             status, error = "timeout", f"compile took longer than {timeout_s:g} s"
+        elif "OutOfMemoryError" in type(exc).__name__:  # this process's inputs: not the config's fault
+            status = "oom"
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     return CompileResult(problem.key, config.key, status, time.perf_counter() - start, error)
 

@@ -98,7 +98,7 @@ def environment() -> str:
 
 def _status_of(exc: Exception) -> str:
     name = type(exc).__name__
-    if name == "OutOfResources":
+    if name in ("OutOfResources", "OutOfMemoryError"):  # e.g. a split-K workspace past the free memory
         return "out_of_resources"
     if name in ("CompilationError", "CompileTimeAssertionFailure"):
         return "compile_error"
