@@ -12,6 +12,7 @@ import hardware_specs
 from gnn_policy.args import add_fields, build, flag
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
+from gnn_policy.tune import TuneArgs
 from training.pretrain import PretrainArgs
 from gnn_policy.database import DEFAULT_PATH, DatabaseError
 
@@ -134,6 +135,14 @@ def run_pretrain(args: PretrainArgs) -> int:
     return 0
 
 
+def run_tune(args: TuneArgs) -> int:
+    from gnn_policy.tune import run, table
+
+    out = run(args)
+    print(json.dumps(out, indent=1) if args.json else table(out))
+    return 0
+
+
 def run_confirm(args: ConfirmArgs) -> int:
     from gnn_policy.confirm import run
 
@@ -145,6 +154,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "collect": (CollectArgs, run_collect),
     "confirm": (ConfirmArgs, run_confirm),
     "pretrain": (PretrainArgs, run_pretrain),
+    "tune": (TuneArgs, run_tune),
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
     "stats": (StatsArgs, run_stats),
@@ -169,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, args = parse(argv)
     try:
         return COMMANDS[name][1](args)
-    except (hardware_specs.SpecError, DatabaseError) as exc:
+    except (hardware_specs.SpecError, DatabaseError, FileNotFoundError) as exc:
         print(f"gnn-policy {name}: {exc}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,100 @@
+"""A trained policy at inference: load a checkpoint, rank configs for a problem and a GPU.
+
+`Policy.load()` reads `checkpoints/pretrained.pt` (or another checkpoint) with
+`torch.load(weights_only=True)`. `top_k` returns the k most probable valid configs (beam
+search) with their probabilities and the cost head's predicted TFLOP/s; `rank` orders
+configs someone else proposes, which is what `autotune_pruner` does for `triton.autotune`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch_geometric.data import Batch
+
+from graphs import GemmProblem
+from graphs.build import problem_graph
+from hardware_specs import GpuSpec
+from hardware_specs.features import GpuVocab, spec_vector
+from gnn_policy.model import ModelConfig, PolicyModel
+from gnn_policy.space import TileConfig
+
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "pretrained.pt"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    config: TileConfig
+    probability: float
+    predicted_tflops: float
+
+
+class Policy:
+    def __init__(self, model: PolicyModel):
+        self.model = model.eval()
+        self.vocab = GpuVocab(model.cfg.gpu_names)
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_CHECKPOINT) -> Policy:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no policy checkpoint at {path}; train one with `gnn-policy pretrain`")
+        state = torch.load(path, weights_only=True, map_location="cpu")
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in state["model_config"].items()}
+        model = PolicyModel(ModelConfig(**fields))
+        model.load_state_dict(state["state_dict"])
+        return cls(model)
+
+    @torch.no_grad()
+    def _encode(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.model.encode(Batch.from_data_list([problem_graph(problem)]), spec_vector(gpu)[None],
+                              torch.tensor([self.vocab.index(gpu.name)]))
+        return h, self.model.space.mask(gpu, problem.dtype, problem.k)[None]
+
+    @torch.no_grad()
+    def top_k(self, problem: GemmProblem, gpu: GpuSpec, k: int = 8) -> list[Pick]:
+        """The k most probable valid configs, best first (fewer if fewer are valid)."""
+        h, mask = self._encode(problem, gpu)
+        beams, logp = self.model.beam_search(h, mask, k)
+        tflops = self.model.cost(h, beams)[0].exp()
+        return [Pick(self.model.space.at(tuple(b)), math.exp(lp), tf)
+                for b, lp, tf in zip(beams[0].tolist(), logp[0].tolist(), tflops.tolist()) if lp > float("-inf")]
+
+    @torch.no_grad()
+    def rank(self, problem: GemmProblem, gpu: GpuSpec, configs: Sequence[TileConfig]) -> list[tuple[TileConfig, float]]:
+        """`configs` of the policy's space with their probabilities, most probable first."""
+        inside = [c for c in configs if c in self.model.space]
+        if not inside:
+            return []
+        h, mask = self._encode(problem, gpu)
+        idx = torch.tensor([self.model.space.index(c) for c in inside])[None]
+        probs = self.model.log_prob(h, idx, mask)[0].exp().tolist()
+        return sorted(zip(inside, probs), key=lambda x: -x[1])
+
+
+def autotune_pruner(policy: Policy, k: int, gpu: GpuSpec,
+                    problem_of: Callable[[dict], GemmProblem]) -> dict[str, Any]:
+    """`prune_configs_by` for `triton.autotune`: benchmark only the policy's k favourite configs.
+
+    `problem_of(named_args)` builds the GemmProblem of a launch from the kernel's arguments.
+    Configs outside the policy's space are kept only to fill the k slots.
+
+        @triton.autotune(configs=[...], key=["M", "N", "K"],
+                         prune_configs_by=autotune_pruner(policy, 4, gpu, lambda a: GemmProblem(a["M"], a["N"], a["K"])))
+    """
+    def prune(configs: list, named_args: dict, **kwargs: Any) -> list:
+        problem = problem_of(named_args)
+        tiles = {}
+        for c in configs:
+            try:
+                tiles[TileConfig.from_triton(c)] = c
+            except (KeyError, ValueError):
+                pass
+        ranked = [tiles[t] for t, _ in policy.rank(problem, gpu, list(tiles))]
+        rest = [c for c in configs if c not in ranked]
+        return (ranked + rest)[:k]
+
+    return {"early_config_prune": prune}

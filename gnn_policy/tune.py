@@ -1,0 +1,79 @@
+"""`gnn-policy tune`: the policy's ranked configs for one GEMM, optionally measured for real."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from gnn_policy.args import flag
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneArgs:
+    """Rank tile configs for one GEMM with the policy (and, on a GPU, --measure them)."""
+
+    m: int = flag(help="rows of A and C")
+    n: int = flag(help="columns of B and C")
+    k: int = flag(help="the reduction length")
+    batch: int = flag(1, "batch count")
+    dtype: str = flag("bf16", "fp16, bf16 or fp32")
+    bias: bool = flag(False, "a bias over N is fused")
+    activation: str = flag("", "fused activation: relu, gelu or silu")
+    residual: bool = flag(False, "a residual add is fused")
+    gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
+    top_k: int = flag(8, "configs to print")
+    checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
+    json: bool = flag(False, "print JSON")
+    measure: bool = flag(False, "time the picks and cuBLAS on the local GPU (needs CUDA)")
+
+
+def run(args: TuneArgs) -> dict:
+    import torch
+
+    import hardware_specs
+    from graphs import GemmProblem
+    from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
+
+    problem = GemmProblem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype, bias=args.bias,
+                          activation=args.activation or None, residual=args.residual)
+    if args.gpu:
+        gpu = hardware_specs.load(args.gpu)
+    else:
+        gpu = hardware_specs.detect() if torch.cuda.is_available() else hardware_specs.load("h200")
+    policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
+    policy.top_k(problem, gpu, args.top_k)  # the first call builds the GPU's validity mask
+    start = time.perf_counter()
+    picks = policy.top_k(problem, gpu, args.top_k)
+    out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": round(1e3 * (time.perf_counter() - start), 2),
+           "picks": [{"config": p.config.key, "probability": round(p.probability, 5),
+                      "predicted_tflops": round(p.predicted_tflops, 1)} for p in picks]}
+    if args.measure:
+        out.update(_measure(problem, gpu, [p.config for p in picks], out["picks"]))
+    return out
+
+
+def _measure(problem, gpu, configs, rows: list[dict]) -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("--measure needs a CUDA GPU; without one, tune only predicts")
+    from gnn_policy.measure.runner import measure_configs
+
+    results = list(measure_configs(problem, [*configs, None], gpu=gpu.name))
+    for row, m in zip(rows, results):
+        row["measured_tflops"] = round(m.tflops, 1) if m.status == "ok" else m.status
+    ok = [m.tflops for m in results[:-1] if m.status == "ok"]
+    cublas = results[-1].tflops if results[-1].status == "ok" else None
+    return {"cublas_tflops": cublas and round(cublas, 1), "best_measured_tflops": ok and round(max(ok), 1),
+            "best_vs_cublas": round(max(ok) / cublas, 3) if ok and cublas else None}
+
+
+def table(out: dict) -> str:
+    lines = [f"{out['problem']} on {out['gpu']} (prediction {out['prediction_ms']} ms)",
+             f"{'#':>2}  {'config':<40} {'prob':>8} {'pred TF/s':>10}" + ("  measured" if "cublas_tflops" in out else "")]
+    for i, p in enumerate(out["picks"], 1):
+        lines.append(f"{i:>2}  {p['config']:<40} {p['probability']:>8.4f} {p['predicted_tflops']:>10.1f}"
+                     + (f"  {p['measured_tflops']}" if "measured_tflops" in p else ""))
+    if "cublas_tflops" in out:
+        lines.append(f"best measured {out['best_measured_tflops']} TFLOP/s, cuBLAS {out['cublas_tflops']}: "
+                     f"{out['best_vs_cublas']}x")
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""Inference: checkpoint round trip, top-k, ranking, the triton.autotune pruner, the tune CLI."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import hardware_specs
+from graphs import GemmProblem
+from gnn_policy.model import ModelConfig, PolicyModel
+from gnn_policy.policy import Policy, autotune_pruner
+from gnn_policy.space import NAMED_LISTS, violations
+
+H200 = hardware_specs.load("h200")
+P = GemmProblem(16, 4096, 4096, bias=True, activation="gelu")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
+    path = tmp_path_factory.mktemp("ckpt") / "p.pt"
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+    return path
+
+
+def test_top_k_are_valid_distinct_and_ordered(checkpoint):
+    policy = Policy.load(checkpoint)
+    picks = policy.top_k(P, H200, 8)
+    assert len(picks) == 8 and len({p.config for p in picks}) == 8
+    assert all(not violations(p.config, H200, P.dtype, P.k) for p in picks)
+    assert all(a.probability >= b.probability for a, b in zip(picks, picks[1:]))
+    assert all(p.predicted_tflops > 0 for p in picks)
+    ranked = policy.rank(P, H200, [p.config for p in reversed(picks)])
+    assert [c for c, _ in ranked] == [p.config for p in picks]
+    assert [pr for _, pr in ranked] == pytest.approx([p.probability for p in picks], rel=1e-4)
+
+
+def test_a_missing_checkpoint_says_how_to_make_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match="gnn-policy pretrain"):
+        Policy.load(tmp_path / "none.pt")
+
+
+@triton.jit
+def _write_block_m(out, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr):
+    tl.store(out, BLOCK_M * 1000 + BLOCK_N)
+
+
+def test_autotune_benchmarks_only_the_policys_favourites(checkpoint):
+    policy = Policy.load(checkpoint)
+    configs = [c.to_triton() for c in NAMED_LISTS["triton_tutorial"]]
+    timed = []
+
+    def equal_times(fn, quantiles=None, **_):  # the interpreter has no timer: run once, tie
+        fn()
+        timed.append(1)
+        return [1.0, 1.0, 1.0]
+
+    tuned = triton.autotune(configs=configs, key=["M"], do_bench=equal_times, prune_configs_by=autotune_pruner(
+        policy, 2, H200, lambda args: GemmProblem(args["M"], 4096, 4096)))(_write_block_m)
+    out = torch.zeros(1, dtype=torch.int32)
+    tuned[(1,)](out, 16)
+    best, _ = policy.rank(GemmProblem(16, 4096, 4096), H200, list(NAMED_LISTS["triton_tutorial"]))[0]
+    assert len(timed) == 2  # 2 of the list's 16 configs were benchmarked
+    assert out.item() == best.block_m * 1000 + best.block_n  # the tie goes to the policy's first
+
+
+def test_tune_cli_prints_json_picks(checkpoint):
+    res = subprocess.run([sys.executable, "-m", "gnn_policy.cli", "tune", "--m", "16", "--n", "4096", "--k", "4096",
+                          "--bias", "--activation", "gelu", "--top-k", "4", "--gpu", "h200", "--json",
+                          "--checkpoint", str(checkpoint)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["problem"] == P.key and len(out["picks"]) == 4 and out["prediction_ms"] > 0
