@@ -23,7 +23,7 @@ class PretrainArgs:
     config: str = flag("", "a JSON file of these fields; flags given on the command line override it")
     gpus: tuple[str, ...] = flag(("H200-SXM-141GB",), "GPUs whose real measurements to train on (repeatable)",
                                  action="append")
-    epochs: int = flag(40, "passes over the training problems")
+    epochs: int = flag(200, "passes over the training problems")
     batch_size: int = flag(8, "problems per batch")
     lr: float = flag(1e-3, "AdamW learning rate")
     hidden: int = flag(128, "width of the encoders and heads")
@@ -45,7 +45,9 @@ def run(args: PretrainArgs) -> dict:
     import torch_geometric
 
     from hardware_specs.features import GpuVocab
+    from graphs.suite import SPLITS
     from gnn_policy.model import ModelConfig
+    from gnn_policy.snapshot import SHIPPED
     from gnn_policy.space import space
     from training.datamodule import MeasurementDataModule
     from training.module import PolicyModule
@@ -73,7 +75,8 @@ def run(args: PretrainArgs) -> dict:
         "model_config": dataclasses.asdict(model_config), "gpus": list(args.gpus),
         "data": {name: {"problems": len(s), "measured_configs": sum(len(x.configs) for x in s)}
                  for name, s in data.samples.items()},
-        "splits": "graphs.suite.SPLITS (by model family)",
+        "snapshot": sorted(p.name for p in SHIPPED.glob("*.jsonl.gz")),
+        "splits": {name: list(families) for name, families in SPLITS.items()},
         "metrics": {k: round(float(v), 5) for k, v in sorted(trainer.callback_metrics.items())},
         "epochs_run": trainer.current_epoch, "train_seconds": round(time.time() - start, 1),
         "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
