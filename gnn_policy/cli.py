@@ -13,6 +13,7 @@ from gnn_policy.args import add_fields, build, flag
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
 from gnn_policy.tune import TuneArgs
+from training.bench import BenchArgs
 from training.pretrain import PretrainArgs
 from gnn_policy.database import DEFAULT_PATH, DatabaseError
 
@@ -135,6 +136,15 @@ def run_pretrain(args: PretrainArgs) -> int:
     return 0
 
 
+def run_bench(args: BenchArgs) -> int:
+    from training.bench import run
+
+    out = run(args)
+    print(out.pop("report"))
+    print(json.dumps(out, sort_keys=True))
+    return 0
+
+
 def run_tune(args: TuneArgs) -> int:
     from gnn_policy.tune import run, table
 
@@ -155,6 +165,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "confirm": (ConfirmArgs, run_confirm),
     "pretrain": (PretrainArgs, run_pretrain),
     "tune": (TuneArgs, run_tune),
+    "bench": (BenchArgs, run_bench),
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
     "stats": (StatsArgs, run_stats),

@@ -237,13 +237,16 @@ class Database:
             out["problem_fields"] = dict(zip(pcols, row[len(cols):]))
             yield out
 
-    def measured(self, gpu: str, source: str = "real") -> set[tuple[str, str]]:
-        """(problem key, config key) pairs already measured on `gpu` from `source`: what to skip."""
-        rows = self.conn.execute(
-            "SELECT p.key, c.key FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
-            "JOIN problems p ON p.id=m.problem_id JOIN configs c ON c.id=m.config_id "
-            "WHERE g.name=? AND m.source=?", (gpu, source))
-        return set(rows)
+    def measured(self, gpu: str, source: str = "real", problem: str | None = None) -> set[tuple[str, str]]:
+        """(problem key, config key) pairs already measured on `gpu` from `source` (of one
+        problem, if given): what to skip."""
+        q = ("SELECT p.key, c.key FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
+             "JOIN problems p ON p.id=m.problem_id JOIN configs c ON c.id=m.config_id "
+             "WHERE g.name=? AND m.source=?")
+        args: tuple = (gpu, source)
+        if problem is not None:
+            q, args = q + " AND p.key=?", args + (problem,)
+        return set(self.conn.execute(q, args))
 
     def tflops(self, gpu: str, problem: str) -> dict[str, float]:
         """TFLOP/s of every correct real config of a problem (cuBLAS included).

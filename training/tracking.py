@@ -7,9 +7,15 @@ from pathlib import Path
 from typing import Sequence
 
 
+def _offline_by_default() -> None:
+    os.environ.setdefault("WANDB_MODE", "offline")  # no machine here reaches W&B; `wandb sync` later
+    os.environ.setdefault("WANDB_SILENT", "true")
+
+
 def loggers(save_dir: Path, *, job_type: str, group: str, tags: Sequence[str], config: dict,
             wandb: bool = True) -> list:
-    """[CSVLogger, WandbLogger]: metrics land in save_dir/csv and save_dir/wandb/offline-run-*."""
+    """[CSVLogger, WandbLogger] for a Lightning job: metrics land in save_dir/csv and
+    save_dir/wandb/offline-run-*."""
     from pytorch_lightning.loggers import CSVLogger
 
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -17,8 +23,17 @@ def loggers(save_dir: Path, *, job_type: str, group: str, tags: Sequence[str], c
     if wandb:
         from pytorch_lightning.loggers import WandbLogger
 
-        os.environ.setdefault("WANDB_MODE", "offline")  # no machine here reaches W&B; `wandb sync` later
-        os.environ.setdefault("WANDB_SILENT", "true")
+        _offline_by_default()
         out.append(WandbLogger(project="gnn-policy", save_dir=str(save_dir), job_type=job_type, group=group,
                                tags=list(tags), config=config, offline=os.environ["WANDB_MODE"] == "offline"))
     return out
+
+
+def wandb_run(save_dir: Path, *, job_type: str, group: str, tags: Sequence[str], config: dict):
+    """A W&B run for a job without a Trainer (bench): same project, offline by default."""
+    _offline_by_default()
+    import wandb
+
+    save_dir.mkdir(parents=True, exist_ok=True)
+    return wandb.init(project="gnn-policy", job_type=job_type, group=group, tags=list(tags), config=config,
+                      dir=str(save_dir))

@@ -1,0 +1,183 @@
+"""`gnn-policy bench`: the policy's picks and every baseline, measured for real on one split.
+
+For each measured problem of the split, each method spends up to the largest budget of
+real measurements (configs already in the database are not measured again; new ones are
+stored), in its own order:
+- `policy`: the checkpoint's top picks by beam search;
+- `triton_tutorial`, `inductor_mm`, `seed`: the named lists in their order (what
+  `triton.autotune` over them measures), valid configs only;
+- `random`: valid configs of the full space in a seeded random order;
+- `evolutionary`: the seed's loop without a prior (`gnn_policy.search`).
+A method's figure at budget k is the best TFLOP/s among its first k measurements over best
+known (after the run, so the run's own finds count), geomean over problems; a method with no
+correct config yet scores 0.01. Writes a CSV, a markdown table, a PNG and an offline W&B run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+from gnn_policy.args import flag
+from gnn_policy.database import DEFAULT_PATH
+
+FLOOR = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchArgs:
+    """Measure the policy's top-k and the baselines on a split; fractions of best known per budget."""
+
+    db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
+    gpu: str = flag("", "GPU spec name (default: the local device)")
+    split: str = flag("test", "suite split whose measured problems are benchmarked")
+    problems: int = flag(0, "at most this many problems (0: all measured ones)")
+    budgets: str = flag("1,2,4,8,16,32", "measurement counts to report")
+    checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
+    seed: int = flag(0, "seed of random and evolutionary search")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
+    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
+    out: str = flag("docs/data/bench", "folder for bench.csv, bench.md and bench.png")
+    shard_dir: str = flag("", "write the measurements this run adds to a new shard here")
+    log_dir: str = flag("runs/bench", "folder of the offline W&B run")
+    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+
+
+def traces(problem, gpu, policy, measure, budget: int, seed: int) -> dict[str, list]:
+    from gnn_policy.search import evolutionary_search, fixed_list, random_search, valid_configs
+    from gnn_policy.space import NAMED_LISTS
+
+    space_ = policy.model.space
+    valid = valid_configs(space_, gpu, problem)
+    picks = [p.config for p in policy.top_k(problem, gpu, budget)]
+    out = {"policy": list(zip(picks, measure(problem, picks)))}
+    for name, configs in NAMED_LISTS.items():
+        out[name] = fixed_list(configs, gpu, problem, budget, measure)
+    out["random"] = random_search(valid, problem, budget, measure, random.Random(f"{seed}:random:{problem.key}"))
+    out["evolutionary"] = evolutionary_search(valid, space_, problem, budget, measure,
+                                              random.Random(f"{seed}:evo:{problem.key}"))
+    return out
+
+
+def fractions(trace: list, best: float, budgets: list[int]) -> dict[int, float]:
+    out = {}
+    for k in budgets:
+        ok = [tf for _, tf in trace[:k] if tf is not None]
+        out[k] = max(FLOOR, max(ok) / best) if ok else FLOOR
+    return out
+
+
+def run(args: BenchArgs) -> dict:
+    import time
+
+    from tqdm import tqdm
+
+    import hardware_specs
+    from graphs.suite import SPLITS
+    from gnn_policy.benchmarks.data_report import problem_class
+    from gnn_policy.database import Database
+    from gnn_policy.measure.result import CUBLAS
+    from gnn_policy.measure.workers import WorkerPool
+    from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
+    from gnn_policy.search import Measurer
+    from gnn_policy.snapshot import export_shard, load_shipped
+
+    gpu = hardware_specs.load(args.gpu) if args.gpu else hardware_specs.detect()
+    budgets = sorted(int(b) for b in args.budgets.split(","))
+    policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
+    counts: dict = {"measured": 0}
+    rows = []
+    with Database(args.db) as db:
+        load_shipped(db)
+        since = db.high_water()
+        problems = [p for p in db.problems(gpu.name) if p.model in SPLITS[args.split]]
+        problems = problems[:args.problems] if args.problems else problems
+        runner = args.runner if args.runner.startswith("gnn_policy.measure.runner:") else None
+        with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool:
+            measure = Measurer(db, gpu, pool, runner, counts)
+            found = {p.key: traces(p, gpu, policy, measure, budgets[-1], args.seed)
+                     for p in tqdm(problems, desc=f"bench {gpu.name}", unit="problem")}
+        for p in problems:
+            best = db.best_known(gpu.name, p.key)[1]
+            cublas = db.tflops(gpu.name, p.key).get(CUBLAS)
+            for method, trace in found[p.key].items():
+                for k, frac in fractions(trace, best, budgets).items():
+                    ok = [tf for _, tf in trace[:k] if tf is not None]
+                    rows.append({"problem": p.key, "class": problem_class(p), "method": method, "k": k,
+                                 "fraction": round(frac, 4),
+                                 "vs_cublas": round(max(ok) / cublas, 4) if ok and cublas else None})
+        if args.shard_dir:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_bench_{stamp}.jsonl.gz", since)
+    report = write_report(rows, budgets, Path(args.out), gpu.name)
+    if args.wandb:
+        _log_wandb(args, rows, report)
+    return {"problems": len(problems), **counts, "report": report}
+
+
+def summary(rows: list[dict], budgets: list[int]) -> dict[str, dict[int, float]]:
+    from gnn_policy.benchmarks.data_report import geomean
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    return {m: {k: geomean([r["fraction"] for r in rows if r["method"] == m and r["k"] == k]) for k in budgets}
+            for m in methods}
+
+
+def write_report(rows: list[dict], budgets: list[int], out: Path, gpu: str) -> str:
+    import csv
+
+    from gnn_policy.benchmarks.data_report import CLASSES, geomean
+
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "bench.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    table = summary(rows, budgets)
+    lines = [f"Fraction of best known on {gpu}, geomean over {len({r['problem'] for r in rows})} problems, "
+             "by measurements spent:", "", "| method | " + " | ".join(f"k={k}" for k in budgets) + " |",
+             "|---|" + "---|" * len(budgets)]
+    lines += [f"| {m} | " + " | ".join(f"{v[k]:.3f}" for k in budgets) + " |" for m, v in table.items()]
+    lines += ["", "Policy against cuBLAS (geomean of picked TFLOP/s / cuBLAS):", "",
+              "| class | problems | top-1 | best of top-8 |", "|---|---|---|---|"]
+    for cls in (*CLASSES, "all"):
+        sel = [r for r in rows if r["method"] == "policy" and r["vs_cublas"] and cls in ("all", r["class"])]
+        k1, k8 = ([r["vs_cublas"] for r in sel if r["k"] == k] for k in (1, 8))
+        if k1:
+            lines.append(f"| {cls} | {len(k1)} | {geomean(k1):.3f} | {geomean(k8) if k8 else float('nan'):.3f} |")
+    text = "\n".join(lines)
+    (out / "bench.md").write_text(text + "\n")
+    _plot(table, budgets, out / "bench.png", gpu)
+    return text
+
+
+def _plot(table: dict, budgets: list[int], path: Path, gpu: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method, values in table.items():
+        ax.plot(budgets, [values[k] for k in budgets], marker="o", label=method, lw=2.5 if method == "policy" else 1.2)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="real measurements per problem", ylabel="fraction of best known (geomean)",
+           title=f"Tuners at equal measurement count, {gpu}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _log_wandb(args: BenchArgs, rows: list[dict], report: str) -> None:
+    import wandb
+
+    from training.tracking import wandb_run
+
+    run = wandb_run(Path(args.log_dir), job_type="bench", group=f"bench-{args.split}", tags=[args.split],
+                    config=dataclasses.asdict(args))
+    budgets = sorted({r["k"] for r in rows})
+    run.log({"bench/results": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows]),
+             **{f"bench/{m}/k{k}": v for m, vals in summary(rows, budgets).items() for k, v in vals.items()}})
+    run.summary["bench/report"] = report
+    run.finish()
