@@ -1,0 +1,66 @@
+"""Fit the analytic time model (`gnn_policy.measure.simulator`) on real measurements and report
+how well it predicts: fitted on the train families, checked on the others.
+
+    python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --out checkpoints/analytic.json
+
+Error figures: median |log(predicted / measured time)| over correct Triton rows, and the
+`analytic` baseline's quality, the measured TFLOP/s of the config the model ranks first among
+those measured, over the best measured (geomean over problems).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import hardware_specs
+from graphs.suite import SPLITS
+from gnn_policy.database import Database, problem_from_fields
+from gnn_policy.measure.result import CUBLAS
+from gnn_policy.measure.simulator import AnalyticModel, fit
+from gnn_policy.snapshot import load_shipped
+from gnn_policy.space import TileConfig
+
+
+def evaluate(model: AnalyticModel, data: list) -> dict:
+    pred = model.predict_ms([d[:3] for d in data]).tolist()
+    by_problem = defaultdict(list)
+    for p, d in zip(pred, data):
+        by_problem[d[0].key].append((p, d[3]))
+    picked = [min(v)[1] for v in by_problem.values()]
+    best = [min(t for _, t in v) for v in by_problem.values()]
+    return {"rows": len(data), "problems": len(by_problem),
+            "median_abs_log_error": round(statistics.median(abs(math.log(p / d[3])) for p, d in zip(pred, data)), 3),
+            "top1_of_measured": round(math.exp(statistics.fmean(math.log(b / t) for b, t in zip(best, picked))), 3)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True, help="database (the shipped snapshot is loaded into it)")
+    ap.add_argument("--gpu", default="H200-SXM-141GB")
+    ap.add_argument("--out", type=Path, help="write the fitted coefficients and the figures here (JSON)")
+    ns = ap.parse_args(argv)
+    gpu = hardware_specs.load(ns.gpu)
+    with Database(ns.db) as db:
+        load_shipped(db)
+        rows = [r for r in db.rows_after(0) if r["gpu"] == gpu.name and r["source"] == "real"
+                and r["status"] == "ok" and r["config"] != CUBLAS]
+    data = [(problem_from_fields(r["problem_fields"]), TileConfig.from_key(r["config"]), gpu, r["median_ms"])
+            for r in rows]
+    family = {f: s for s, fs in SPLITS.items() for f in fs}
+    train = [d for d in data if family[d[0].model] == "train"]
+    held_out = [d for d in data if family[d[0].model] != "train"]
+    model = fit([d[:3] for d in train], [d[3] for d in train])
+    report = {"gpu": gpu.name, "coefficients": dataclasses.asdict(model),
+              "train": evaluate(model, train), "val_and_test": evaluate(model, held_out)}
+    print(json.dumps(report, indent=1))
+    if ns.out:
+        ns.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
