@@ -26,7 +26,7 @@ from graphs import GemmProblem
 from graphs.suite import SPLITS, split
 from gnn_policy.args import flag
 from gnn_policy.measure.result import CUBLAS, Measurement
-from gnn_policy.space import NAMED_LISTS, TileConfig, fits_k, space, violations
+from gnn_policy.space import NAMED_LISTS, TileConfig, fits_k, space, tma_fits, violations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +112,12 @@ def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[
     out = []
     for p in problems:
         rng = random.Random(f"{args.seed}:{p.key}")
-        configs = stratified_configs([c for c in pools[p.dtype] if fits_k(c, p.k)], args.configs, rng)
+        tma = tma_fits(p)
+        fit = [c for c in pools[p.dtype] if fits_k(c, p.k) and (tma or c.variant != "tma")]
+        configs = stratified_configs(fit, args.configs, rng)
         chosen = set(configs)
-        configs += [c for c in named if c not in chosen and not violations(c, gpu, p.dtype, p.k)]
+        configs += [c for c in named if c not in chosen and not violations(c, gpu, p.dtype, p.k)
+                    and (tma or c.variant != "tma")]
         out.append((p, ([None] if args.lists else []) + configs))
     return out
 

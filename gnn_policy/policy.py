@@ -52,7 +52,7 @@ class Policy:
     def _encode(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.model.encode(Batch.from_data_list([problem_graph(problem)]), spec_vector(gpu)[None],
                               torch.tensor([self.vocab.index(gpu.name)]))
-        return h, self.model.space.mask(gpu, problem.dtype, problem.k)[None]
+        return h, self.model.space.problem_mask(gpu, problem)[None]
 
     @torch.no_grad()
     def top_k(self, problem: GemmProblem, gpu: GpuSpec, k: int = 8) -> list[Pick]:
@@ -86,15 +86,17 @@ def autotune_pruner(policy: Policy, k: int, gpu: GpuSpec,
                          prune_configs_by=autotune_pruner(policy, 4, gpu, lambda a: GemmProblem(a["M"], a["N"], a["K"])))
     """
     def prune(configs: list, named_args: dict, **kwargs: Any) -> list:
-        problem = problem_of(named_args)
+        problem = problem_of({**named_args, **kwargs})  # triton passes keyword arguments apart
         tiles = {}
         for c in configs:
             try:
                 tiles[TileConfig.from_triton(c)] = c
             except (KeyError, ValueError):
                 pass
-        ranked = [tiles[t] for t, _ in policy.rank(problem, gpu, list(tiles))]
-        rest = [c for c in configs if c not in ranked]
-        return (ranked + rest)[:k]
+        ranked = policy.rank(problem, gpu, list(tiles))
+        allowed = [tiles[t] for t, p in ranked if p > 0]
+        ruled_out = [tiles[t] for t, p in ranked if p == 0]  # invalid for this problem: last resort
+        rest = [c for c in configs if c not in allowed and c not in ruled_out]
+        return (allowed + rest + ruled_out)[:k]
 
     return {"early_config_prune": prune}

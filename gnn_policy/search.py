@@ -42,7 +42,7 @@ class Measurer:
 
 
 def valid_configs(space_: ConfigSpace, gpu: GpuSpec, problem: GemmProblem) -> list[TileConfig]:
-    mask = space_.mask(gpu, problem.dtype, problem.k).flatten().tolist()
+    mask = space_.problem_mask(gpu, problem).flatten().tolist()
     return [c for c, ok in zip(space_, mask) if ok]
 
 

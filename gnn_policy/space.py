@@ -210,14 +210,32 @@ class ConfigSpace:
 
         base = _base_mask(self, gpu, dtype)
         if k is None:
-            return base
+            return base.clone()  # the cached tensor stays untouched by callers
         names = [n for n, _ in self.knobs]
         bk, sk = names.index("block_k"), names.index("split_k")
         fits = torch.tensor([[s <= math.ceil(k / b) for s in self.values["split_k"]]
-                             for b in self.values["block_k"]])
+                             for b in self.values["block_k"]])  # [block_k, split_k]
         view = [1] * len(names)
-        view[bk], view[sk] = fits.shape if bk < sk else fits.shape[::-1]
+        view[bk], view[sk] = len(self.values["block_k"]), len(self.values["split_k"])
         return base & (fits if bk < sk else fits.T).reshape(view)
+
+    def problem_mask(self, gpu: GpuSpec, problem: Any) -> Any:
+        """`mask` for one GemmProblem, with TMA ruled out where its operands' strides forbid it."""
+        out = self.mask(gpu, problem.dtype, problem.k)
+        if not tma_fits(problem) and "variant" in self.values:
+            names = [n for n, _ in self.knobs]
+            index = [slice(None)] * len(names)
+            index[names.index("variant")] = self.values["variant"].index("tma")
+            out[tuple(index)] = False
+        return out
+
+
+def tma_fits(problem: Any) -> bool:
+    """TMA loads need 16-byte aligned row strides of A and B as stored (else `tma-alignment`)."""
+    e = DTYPE_BYTES[problem.dtype]
+    a_rows = problem.k if problem.a_layout == "row" else problem.m
+    b_rows = problem.n if problem.b_layout == "row" else problem.k
+    return (a_rows * e) % 16 == 0 and (b_rows * e) % 16 == 0
 
 
 @functools.lru_cache(maxsize=64)

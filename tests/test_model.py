@@ -21,7 +21,7 @@ def _encode(model, gpu=H200):
     graphs = Batch.from_data_list([problem_graph(p) for p in PROBLEMS])
     spec = torch.stack([spec_vector(gpu)] * len(PROBLEMS))
     idx = torch.tensor([vocab.index(gpu.name)] * len(PROBLEMS))
-    masks = torch.stack([model.space.mask(gpu, p.dtype, p.k) for p in PROBLEMS])
+    masks = torch.stack([model.space.problem_mask(gpu, p) for p in PROBLEMS])
     return model.encode(graphs, spec, idx), masks
 
 

@@ -77,3 +77,13 @@ def test_tune_cli_prints_json_picks(checkpoint):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["problem"] == P.key and len(out["picks"]) == 4 and out["prediction_ms"] > 0
+
+
+def test_the_pruner_reads_keyword_arguments_and_puts_ruled_out_configs_last(checkpoint):
+    from gnn_policy.space import TileConfig
+
+    policy = Policy.load(checkpoint)
+    ruled_out = TileConfig(128, 128, 64, split_k=16).to_triton()  # SPLIT_K 16 > the 1 K tile of K=64
+    fine = TileConfig(64, 64, 32).to_triton()
+    prune = autotune_pruner(policy, 1, H200, lambda a: GemmProblem(a["M"], 256, 64))["early_config_prune"]
+    assert prune([ruled_out, fine], {"out": None}, M=16) == [fine]

@@ -47,3 +47,13 @@ def test_fit_recovers_the_predictions_of_a_known_model():
     fitted = fit(rows, target.tolist(), steps=800)
     err = (fitted.predict_ms(rows) / target).log().abs()
     assert torch.median(err) < 0.05
+
+
+def test_a_larger_l2_never_costs_memory_time():
+    import dataclasses
+
+    model = AnalyticModel(l2_miss=0.1)
+    p = GemmProblem(2048, 2048, 2048)
+    small = dataclasses.replace(H200, name="small-l2", l2_bytes=2**20)
+    slow, fast = model.predict_ms([(p, TILE, small), (p, TILE, H200)]).tolist()
+    assert fast <= slow

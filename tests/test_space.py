@@ -123,3 +123,22 @@ def test_unknown_names():
         space("huge")
     with pytest.raises(KeyError, match="triton_tutorial"):
         named_list("cutlass")
+
+
+def test_mask_follows_the_knob_order_and_the_tma_layout_rule():
+    import hardware_specs as hs
+    from graphs import GemmProblem
+    from gnn_policy.space import ConfigSpace, tma_fits
+
+    gpu = hs.load("h200")
+    odd = ConfigSpace("odd", (("split_k", (1, 2, 4)), ("block_m", (16, 64)), ("block_n", (64,)),
+                              ("block_k", (16, 32, 64, 128, 256))))
+    mask = odd.mask(gpu, "bf16", 64)
+    for config in odd:
+        assert bool(mask[odd.index(config)]) == (not violations(config, gpu, "bf16", 64)), config
+    lm_head = GemmProblem(16, 50257, 768)  # 50257 x 2 bytes: B's rows are not 16-byte aligned
+    assert not tma_fits(lm_head) and tma_fits(GemmProblem(16, 50256, 768))
+    full = space("full")
+    pm = full.problem_mask(gpu, lm_head)
+    assert not any(pm[full.index(c)] for c in full if c.variant == "tma")
+    assert pm.sum() > 0 and full.mask(gpu, "bf16").sum() > pm.sum()

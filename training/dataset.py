@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Sequence
 
 import torch
@@ -46,7 +47,12 @@ def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
             if families is not None and p.model not in families:
                 continue
             figs = db.tflops(gpu, p.key)
+            allowed = space.problem_mask(hardware_specs.load(gpu), p)
             keys = [k for k in figs if k != CUBLAS and TileConfig.from_key(k) in space]
+            ruled_out = [k for k in keys if not allowed[space.index(TileConfig.from_key(k))]]
+            if ruled_out:  # measured correct, yet invalid by today's rules: the policy cannot give them mass
+                warnings.warn(f"{gpu}/{p.key}: {len(ruled_out)} measured configs break the space's rules; left out")
+                keys = [k for k in keys if k not in ruled_out]
             if not keys:
                 continue
             failed = [k for k in failed_by_problem.get(p.key, ()) if TileConfig.from_key(k) in space]
@@ -99,5 +105,5 @@ def collate(samples: Sequence[Sample], space: ConfigSpace, vocab: GpuVocab) -> C
         graphs=Batch.from_data_list([s.graph for s in samples]),
         spec=torch.stack([spec_vector(specs[s.gpu]) for s in samples]),
         gpu_index=torch.tensor([vocab.index(s.gpu) for s in samples]),
-        masks=torch.stack([space.mask(specs[s.gpu], s.problem.dtype, s.problem.k) for s in samples]),
+        masks=torch.stack([space.problem_mask(specs[s.gpu], s.problem) for s in samples]),
         configs=configs, log_tflops=log_tflops, valid=valid, failed=failed, failed_valid=failed_valid)

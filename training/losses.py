@@ -14,8 +14,8 @@ def failure_loss(logp_failed: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     """-log(1 - p) for every failed config: pushes their probability to zero (strong negatives)."""
     if not valid.any():
         return logp_failed.new_zeros(())
-    p = logp_failed.exp().clamp(max=1 - 1e-6)
-    return -torch.log1p(-p)[valid].mean()
+    # -log(1 - p) computed from log p without cancelling; p = 1 exactly is kept just below
+    return -torch.log(-torch.expm1(logp_failed.clamp(max=-1e-6)))[valid].mean()
 
 
 def ranking_loss(pred: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

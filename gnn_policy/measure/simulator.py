@@ -90,12 +90,15 @@ def _features(rows: Sequence[tuple[GemmProblem, TileConfig, GpuSpec]]) -> dict[s
 def _time_ms(f: dict[str, torch.Tensor], theta: torch.Tensor) -> torch.Tensor:
     tile_half, eff, iter_us, launch_us, bw, miss, splitk_us, tma_gain, warp_gain = theta.unbind()
     waves = torch.ceil(f["progs"] / f["slots"])
+    # blocks sharing an SM at once: fewer than the limit when the grid is smaller than one wave
+    resident = torch.minimum(f["per_sm"], torch.ceil(f["progs"] / (f["slots"] / f["per_sm"])))
     sat = f["tile"] / (f["tile"] + tile_half) * (f["warps"] / 4) ** (0.1 * torch.log(warp_gain + 1e-9))
-    compute_us = f["flops_prog"] * f["per_sm"] / (f["peak_sm_us"] * eff * sat.clamp(max=1.0))
-    hide = torch.minimum(f["stages"], torch.full_like(f["stages"], 4.0)) * f["per_sm"] * (1 + (tma_gain - 1) * f["tma"])
+    compute_us = f["flops_prog"] * resident / (f["peak_sm_us"] * eff * sat.clamp(max=1.0))
+    hide = torch.minimum(f["stages"], torch.full_like(f["stages"], 4.0)) * resident * (1 + (tma_gain - 1) * f["tma"])
     latency_us = f["k_iters"] * iter_us / hide
     t_compute = waves * (compute_us + latency_us)
-    reread = 1 + miss * (1 - f["l2_fit"])
+    # the share of operand re-reads that reaches DRAM: all when the operands dwarf L2, `miss` when they fit
+    reread = miss + (1 - miss) * (1 - f["l2_fit"])
     a_reads = 1 + (f["tiles_n"] - 1) * reread / (1 + f["group"].log2())
     b_reads = 1 + (f["tiles_m"] - 1) * reread / (1 + f["group"].log2())
     bytes_ = f["bytes_a"] * a_reads.clamp(max=64) + f["bytes_b"] * b_reads.clamp(max=64) + f["bytes_out"]
