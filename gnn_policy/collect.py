@@ -19,7 +19,6 @@ import itertools
 import random
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Iterator, Sequence
 
 from graphs import GemmProblem
@@ -154,9 +153,9 @@ def run(args: CollectArgs) -> dict:
     import hardware_specs
     from gnn_policy.database import Database
     from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
-    from gnn_policy.snapshot import export_shard, load_shipped
+    from gnn_policy.snapshot import export_run, load_shipped
 
-    gpu = hardware_specs.load(args.gpu) if args.gpu else hardware_specs.detect()
+    gpu = hardware_specs.resolve(args.gpu)
     problems = select_problems(args.split, args.problems, args.seed)
     counts: dict = defaultdict(int)
     start = time.monotonic()
@@ -196,8 +195,7 @@ def run(args: CollectArgs) -> dict:
         counts["wall_s"] = time.monotonic() - start
         counts["per_minute"] = counts["measured"] / max(counts["wall_s"], 1e-9) * 60
         if args.shard_dir:
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_{stamp}.jsonl.gz", since)
+            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "", since)
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
 
 

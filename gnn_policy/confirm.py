@@ -14,7 +14,6 @@ import dataclasses
 import random
 import time
 from collections import defaultdict
-from pathlib import Path
 
 from gnn_policy.args import flag
 from gnn_policy.measure.result import CUBLAS, Retime
@@ -62,10 +61,10 @@ def run(args: ConfirmArgs) -> dict:
     from gnn_policy.collect import compile_ahead, take_compiled
     from gnn_policy.database import Database
     from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
-    from gnn_policy.snapshot import export_shard, load_shipped
+    from gnn_policy.snapshot import export_run, load_shipped, run_stamp
 
-    gpu = hardware_specs.load(args.gpu) if args.gpu else hardware_specs.detect()
-    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    gpu = hardware_specs.resolve(args.gpu)
+    run_id = run_stamp()
     counts: dict = defaultdict(int)
     start = time.monotonic()
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
@@ -99,7 +98,6 @@ def run(args: ConfirmArgs) -> dict:
         if compiled is not None:
             compiled.close()
         if args.shard_dir:
-            counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_retime_{run_id}.jsonl.gz",
-                                                since)
+            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "retime", since, run_id)
     counts["wall_s"] = round(time.monotonic() - start, 1)
     return dict(counts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import time
 from pathlib import Path
 
 from graphs import GemmProblem
@@ -35,6 +36,18 @@ def export_shard(db: Database, path: Path, since: tuple[int, int]) -> int:
         for row in rows:
             f.write(json.dumps(row, sort_keys=True) + "\n")
     return len(rows)
+
+
+def run_stamp() -> str:
+    """UTC time of a run, as shard names and re-timing runs carry it."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def export_run(db: Database, shard_dir: str | Path, gpu: str, kind: str, since: tuple[int, int],
+               stamp: str | None = None) -> int:
+    """`export_shard` of one run of a command to `<shard_dir>/<gpu>_<kind>_<stamp>.jsonl.gz`."""
+    name = f"{gpu}_{kind + '_' if kind else ''}{stamp or run_stamp()}.jsonl.gz"
+    return export_shard(db, Path(shard_dir) / name, since)
 
 
 def _problem_and_config(row: dict) -> tuple[GemmProblem, TileConfig | None]:

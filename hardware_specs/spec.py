@@ -227,3 +227,8 @@ def detect(device: int | None = None) -> GpuSpec:
             warnings.warn(f"{spec.name}: spec says {field}={ours} but the device reports {theirs}",
                           stacklevel=2)
     return spec
+
+
+def resolve(name: str) -> GpuSpec:
+    """The spec called `name`, or the local device's when `name` is empty."""
+    return load(name) if name else detect()

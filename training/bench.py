@@ -68,8 +68,6 @@ def fractions(trace: list, best: float, budgets: list[int]) -> dict[int, float]:
 
 
 def run(args: BenchArgs) -> dict:
-    import time
-
     from tqdm import tqdm
 
     import hardware_specs
@@ -80,9 +78,9 @@ def run(args: BenchArgs) -> dict:
     from gnn_policy.measure.workers import WorkerPool
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
     from gnn_policy.search import Measurer
-    from gnn_policy.snapshot import export_shard, load_shipped
+    from gnn_policy.snapshot import export_run, load_shipped
 
-    gpu = hardware_specs.load(args.gpu) if args.gpu else hardware_specs.detect()
+    gpu = hardware_specs.resolve(args.gpu)
     budgets = sorted(int(b) for b in args.budgets.split(","))
     policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
     counts: dict = {"measured": 0}
@@ -107,8 +105,7 @@ def run(args: BenchArgs) -> dict:
                                  "fraction": round(frac, 4),
                                  "vs_cublas": round(max(ok) / cublas, 4) if ok and cublas else None})
         if args.shard_dir:
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            counts["shard_rows"] = export_shard(db, Path(args.shard_dir) / f"{gpu.name}_bench_{stamp}.jsonl.gz", since)
+            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "bench", since)
     report = write_report(rows, budgets, Path(args.out), gpu.name)
     if args.wandb:
         _log_wandb(args, rows, report)
