@@ -19,25 +19,23 @@ Trace = list[tuple[TileConfig, "float | None"]]
 
 class Measurer:
     """Measures (problem, config) pairs on the local GPU through the collect machinery, reusing
-    what the database already holds and storing what it measures."""
+    what the database already holds and storing what it measures. `compiler` (a CompilePool,
+    or None to let the measuring worker compile) stays alive across calls."""
 
-    def __init__(self, db, gpu: GpuSpec, pool, compile_runner: str | None, counts: dict):
-        self.db, self.gpu, self.pool, self.compile_runner, self.counts = db, gpu, pool, compile_runner, counts
+    def __init__(self, db, gpu: GpuSpec, pool, compiler, counts: dict):
+        self.db, self.gpu, self.pool, self.compiler, self.counts = db, gpu, pool, compiler, counts
 
     def __call__(self, problem: GemmProblem, configs: Sequence[TileConfig]) -> list[float | None]:
-        from gnn_policy.collect import compile_ahead, take_compiled
+        from gnn_policy.collect import take_compiled
 
-        known = self.db.tflops(self.gpu.name, problem.key)
         tried = self.db.measured(self.gpu.name, problem=problem.key)
         todo = [c for c in dict.fromkeys(configs) if (problem.key, c.key) not in tried]
         if todo:
-            compiled = compile_ahead([(problem, todo)], self.compile_runner or "")
+            compiled = self.compiler.stream((problem, c) for c in todo) if self.compiler else None
             rows, measure = take_compiled(problem, todo, compiled, self.gpu.name, self.counts)
-            if compiled is not None:
-                compiled.close()
             rows += [(m, problem, c) for m, c in zip(self.pool.run(problem, measure), measure)]
             self.counts["measured"] += self.db.add(rows)
-            known = self.db.tflops(self.gpu.name, problem.key)
+        known = self.db.tflops(self.gpu.name, problem.key)
         return [known.get(c.key) for c in configs]
 
 

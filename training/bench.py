@@ -68,10 +68,14 @@ def fractions(trace: list, best: float, budgets: list[int]) -> dict[int, float]:
 
 
 def run(args: BenchArgs) -> dict:
+    import contextlib
+
+    import torch
     from tqdm import tqdm
 
     import hardware_specs
     from graphs.suite import SPLITS
+    from gnn_policy.measure.compile import CompilePool
     from gnn_policy.benchmarks.data_report import problem_class
     from gnn_policy.database import Database
     from gnn_policy.measure.result import CUBLAS
@@ -90,9 +94,10 @@ def run(args: BenchArgs) -> dict:
         since = db.high_water()
         problems = [p for p in db.problems(gpu.name) if p.model in SPLITS[args.split]]
         problems = problems[:args.problems] if args.problems else problems
-        runner = args.runner if args.runner.startswith("gnn_policy.measure.runner:") else None
-        with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool:
-            measure = Measurer(db, gpu, pool, runner, counts)
+        real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
+        with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool, \
+                (CompilePool() if real else contextlib.nullcontext()) as compiler:
+            measure = Measurer(db, gpu, pool, compiler, counts)
             found = {p.key: traces(p, gpu, policy, measure, budgets[-1], args.seed)
                      for p in tqdm(problems, desc=f"bench {gpu.name}", unit="problem")}
         for p in problems:

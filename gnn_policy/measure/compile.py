@@ -95,15 +95,36 @@ def default_workers() -> int:
     return max(1, min(32, (os.cpu_count() or 2) - 1))
 
 
+class CompilePool:
+    """Compile worker processes kept alive across batches (a search measures in many small ones)."""
+
+    def __init__(self, workers: int | None = None, timeout_s: float = 120.0):
+        self.timeout_s = timeout_s
+        self._pool = multiprocessing.get_context("spawn").Pool(workers or default_workers())  # CUDA cannot fork
+
+    def stream(self, jobs: Iterable[tuple[GemmProblem, TileConfig]]) -> Iterator[CompileResult]:
+        """One CompileResult per job, in job order, while the workers run ahead."""
+        return self._pool.imap(compile_one, ((p, c, self.timeout_s) for p, c in jobs), chunksize=2)
+
+    def close(self) -> None:
+        self._pool.terminate()  # compiles in flight are abandoned
+        self._pool.join()
+
+    def __enter__(self) -> CompilePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def compile_stream(jobs: Iterable[tuple[GemmProblem, TileConfig]], *, workers: int | None = None,
                    timeout_s: float = 120.0) -> Iterator[CompileResult]:
     """One CompileResult per job, in job order, compiled ahead by a pool of processes.
 
     Closing the generator early terminates the workers (and the compiles in flight).
     """
-    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-    with ctx.Pool(workers or default_workers()) as pool:
-        yield from pool.imap(compile_one, ((p, c, timeout_s) for p, c in jobs), chunksize=2)
+    with CompilePool(workers, timeout_s) as pool:
+        yield from pool.stream(jobs)
 
 
 def precompile(jobs: Iterable[tuple[GemmProblem, Sequence[TileConfig]]], *, workers: int | None = None,
