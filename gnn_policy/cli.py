@@ -14,6 +14,7 @@ from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
 from gnn_policy.tune import TuneArgs
 from training.bench import BenchArgs
+from training.finetune import FinetuneArgs, FinetuneError
 from training.pretrain import PretrainArgs
 from gnn_policy.database import DEFAULT_PATH, DatabaseError
 
@@ -145,6 +146,13 @@ def run_bench(args: BenchArgs) -> int:
     return 0
 
 
+def run_finetune(args: FinetuneArgs) -> int:
+    from training.finetune import run
+
+    print(json.dumps(run(args), indent=1))
+    return 0
+
+
 def run_tune(args: TuneArgs) -> int:
     from gnn_policy.tune import run, table
 
@@ -166,6 +174,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "pretrain": (PretrainArgs, run_pretrain),
     "tune": (TuneArgs, run_tune),
     "bench": (BenchArgs, run_bench),
+    "finetune": (FinetuneArgs, run_finetune),
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
     "stats": (StatsArgs, run_stats),
@@ -190,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, args = parse(argv)
     try:
         return COMMANDS[name][1](args)
-    except (hardware_specs.SpecError, DatabaseError, FileNotFoundError) as exc:
+    except (hardware_specs.SpecError, DatabaseError, FileNotFoundError, FinetuneError) as exc:
         print(f"gnn-policy {name}: {exc}", file=sys.stderr)
         return 2
 

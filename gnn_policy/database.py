@@ -248,8 +248,8 @@ class Database:
             q, args = q + " AND p.key=?", args + (problem,)
         return set(self.conn.execute(q, args))
 
-    def tflops(self, gpu: str, problem: str) -> dict[str, float]:
-        """TFLOP/s of every correct real config of a problem (cuBLAS included).
+    def tflops(self, gpu: str, problem: str, source: str = "real") -> dict[str, float]:
+        """TFLOP/s of every correct config of a problem from `source` (cuBLAS included).
 
         A config's figure is the median over its first timing and its re-timings under the
         same versions; across versions, the highest.
@@ -257,7 +257,7 @@ class Database:
         first = self.conn.execute(
             "SELECT c.key, m.versions, m.tflops, m.median_ms FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
             "JOIN problems p ON p.id=m.problem_id JOIN configs c ON c.id=m.config_id "
-            "WHERE g.name=? AND p.key=? AND m.status='ok' AND m.source='real'", (gpu, problem))
+            "WHERE g.name=? AND p.key=? AND m.status='ok' AND m.source=?", (gpu, problem, source))
         runs = {(key, ver): ([tf], tf * ms) for key, ver, tf, ms in first}  # tf * ms: the FLOPs, scaled
         again = self.conn.execute(
             "SELECT c.key, r.versions, r.median_ms FROM retimes r JOIN gpus g ON g.id=r.gpu_id "

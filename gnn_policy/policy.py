@@ -48,11 +48,19 @@ class Policy:
         model.load_state_dict(state["state_dict"])
         return cls(model)
 
+    def features(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The model's inputs for one problem on one GPU: graph batch, spec vector, GPU index, valid mask."""
+        return (Batch.from_data_list([problem_graph(problem)]), spec_vector(gpu)[None],
+                torch.tensor([self.vocab.index(gpu.name)]), self.model.space.problem_mask(gpu, problem)[None])
+
+    def encode(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """(context [1, hidden], valid mask [1, ...]); differentiable, for adaptation."""
+        graph, spec, index, mask = self.features(problem, gpu)
+        return self.model.encode(graph, spec, index), mask
+
     @torch.no_grad()
     def _encode(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.model.encode(Batch.from_data_list([problem_graph(problem)]), spec_vector(gpu)[None],
-                              torch.tensor([self.vocab.index(gpu.name)]))
-        return h, self.model.space.problem_mask(gpu, problem)[None]
+        return self.encode(problem, gpu)
 
     @torch.no_grad()
     def top_k(self, problem: GemmProblem, gpu: GpuSpec, k: int = 8) -> list[Pick]:

@@ -22,20 +22,21 @@ class Measurer:
     what the database already holds and storing what it measures. `compiler` (a CompilePool,
     or None to let the measuring worker compile) stays alive across calls."""
 
-    def __init__(self, db, gpu: GpuSpec, pool, compiler, counts: dict):
+    def __init__(self, db, gpu: GpuSpec, pool, compiler, counts: dict, source: str = "real"):
         self.db, self.gpu, self.pool, self.compiler, self.counts = db, gpu, pool, compiler, counts
+        self.source = source  # "simulated" with a SimulatedPool
 
     def __call__(self, problem: GemmProblem, configs: Sequence[TileConfig]) -> list[float | None]:
         from gnn_policy.collect import take_compiled
 
-        tried = self.db.measured(self.gpu.name, problem=problem.key)
+        tried = self.db.measured(self.gpu.name, self.source, problem=problem.key)
         todo = [c for c in dict.fromkeys(configs) if (problem.key, c.key) not in tried]
         if todo:
             compiled = self.compiler.stream((problem, c) for c in todo) if self.compiler else None
             rows, measure = take_compiled(problem, todo, compiled, self.gpu.name, self.counts)
             rows += [(m, problem, c) for m, c in zip(self.pool.run(problem, measure), measure)]
             self.counts["measured"] += self.db.add(rows)
-        known = self.db.tflops(self.gpu.name, problem.key)
+        known = self.db.tflops(self.gpu.name, problem.key, self.source)
         return [known.get(c.key) for c in configs]
 
 
@@ -57,7 +58,7 @@ def random_search(valid: Sequence[TileConfig], problem: GemmProblem, budget: int
     return list(zip(chosen, measure(problem, chosen)))
 
 
-def _mutate(c: TileConfig, space_: ConfigSpace, rng: random.Random) -> TileConfig:
+def mutate(c: TileConfig, space_: ConfigSpace, rng: random.Random) -> TileConfig:
     """One knob moved to a neighbouring value."""
     name, values = rng.choice(space_.knobs)
     i = values.index(getattr(c, name))
@@ -84,7 +85,7 @@ def evolutionary_search(valid: Sequence[TileConfig], space_: ConfigSpace, proble
             if len(children) >= min(population, budget - len(trace)):
                 break
             child = (_crossover(*rng.sample(elites, 2), space_, rng) if len(elites) > 1 and rng.random() < 0.5
-                     else _mutate(rng.choice(elites), space_, rng))
+                     else mutate(rng.choice(elites), space_, rng))
             if child in allowed and child not in seen:
                 seen.add(child)
                 children.append(child)

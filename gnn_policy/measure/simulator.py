@@ -119,3 +119,26 @@ def fit(rows: Sequence[tuple[GemmProblem, TileConfig, GpuSpec]], measured_ms: Se
         loss.backward()
         opt.step()
     return AnalyticModel(**dict(zip(COEFFICIENTS, log_theta.detach().exp().tolist())))
+
+
+class SimulatedPool:
+    """A WorkerPool look-alike whose measurements come from the analytic model (source=simulated)."""
+
+    def __init__(self, model: AnalyticModel, gpu: GpuSpec):
+        self.model, self.gpu = model, gpu
+        self.versions = "analytic " + " ".join(f"{getattr(model, n):.4g}" for n in COEFFICIENTS)
+
+    def run(self, problem: GemmProblem, configs: Sequence[TileConfig]):
+        from gnn_policy.measure.result import Measurement
+
+        for config, ms in zip(configs, self.model.predict_ms([(problem, c, self.gpu) for c in configs]).tolist()):
+            yield Measurement(self.gpu.name, problem.key, config.key, "ok", source="simulated", median_ms=ms,
+                              tflops=problem.flops / (ms * 1e-3) / 1e12, versions=self.versions)
+
+
+def load_fitted(path) -> AnalyticModel:
+    """The coefficients `benchmarks/fit_analytic.py` wrote."""
+    import json
+
+    with open(path) as f:
+        return AnalyticModel(**json.load(f)["coefficients"])

@@ -1,0 +1,93 @@
+"""gnn-policy finetune: it never overspends, refuses a GPU it is not on, resumes, and adapts."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hardware_specs
+from gnn_policy.database import Database
+from gnn_policy.model import ModelConfig, PolicyModel
+from training import finetune
+from training.finetune import Budget, FinetuneArgs, FinetuneError, check_gpu, run
+
+H200 = hardware_specs.load("h200")
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    torch.manual_seed(0)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
+    path = tmp_path / "start.pt"
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+    return path
+
+
+def _args(tmp_path, ckpt, **kw):
+    base = dict(gpu="h200", budget="16", db=str(tmp_path / "m.sqlite"), checkpoint=str(ckpt),
+                output=str(tmp_path / "out"), problems=3, rounds=2, steps=2, runner="fake_runner:measure")
+    return FinetuneArgs(**{**base, **kw})
+
+
+def _rows(tmp_path, source="real"):
+    with Database(tmp_path / "m.sqlite") as db:
+        return db.conn.execute("SELECT COUNT(*) FROM measurements WHERE source=?", (source,)).fetchone()[0]
+
+
+def test_budgets_parse_and_bad_ones_are_refused():
+    assert Budget.parse("64").count == 64 and Budget.parse("10m").seconds == 600 and Budget.parse("90s").seconds == 90
+    with pytest.raises(FinetuneError, match="number of measurements"):
+        Budget.parse("lots")
+
+
+def test_a_count_budget_is_spent_exactly_never_more(tmp_path, ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)  # the fake runner stands in for the H200
+    card = run(_args(tmp_path, ckpt, budget="13"))
+    assert card["spent_measurements"] == 13 == _rows(tmp_path)
+    assert (tmp_path / "out" / "h200.pt").exists() and card["grad_norm_mean"]["supervised"] > 0
+
+
+def test_the_wrong_gpu_is_refused_with_a_way_out():
+    with pytest.raises(FinetuneError, match="does not match this machine's H200-SXM-141GB.*--simulate"):
+        check_gpu(hardware_specs.load("h100"), H200, simulate=False)
+    check_gpu(hardware_specs.load("h200-sm66"), H200, simulate=False)  # a slice of the local GPU is fine
+    check_gpu(hardware_specs.load("h100"), H200, simulate=True)
+    with pytest.raises(FinetuneError, match="no CUDA GPU here"):
+        check_gpu(H200, None, simulate=False)
+
+
+def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt):
+    cmd = [sys.executable, "-m", "gnn_policy.cli", "finetune", "--gpu", "h100", "--budget", "6", "--problems", "2",
+           "--rounds", "2", "--steps", "1", "--db", str(tmp_path / "m.sqlite"), "--checkpoint", str(ckpt),
+           "--output", str(tmp_path / "out")]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--simulate" in refused.stderr
+    ran = subprocess.run(cmd + ["--simulate"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["spent_measurements"] == 6 == _rows(tmp_path, "simulated")
+    assert _rows(tmp_path, "real") == 0  # simulated rows never pass as real
+
+
+def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    calls = {"n": 0}
+    real_adapt = finetune._adapt
+
+    def adapt_then_die(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # killed after round 2's measurements, before its adaptation
+        return real_adapt(*a, **k)
+
+    monkeypatch.setattr(finetune, "_adapt", adapt_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run(_args(tmp_path, ckpt, budget="12", rounds=3))
+    spent_before = _rows(tmp_path)
+    assert 0 < spent_before <= 12
+    monkeypatch.setattr(finetune, "_adapt", real_adapt)
+    card = run(_args(tmp_path, ckpt, budget="12", rounds=3))
+    assert card["spent_measurements"] == 12 == _rows(tmp_path)
+    again = run(_args(tmp_path, ckpt, budget="12", rounds=3))
+    assert again["spent_measurements"] == 12 == _rows(tmp_path)  # finished: nothing more to spend

@@ -1,0 +1,259 @@
+"""`gnn-policy finetune --gpu NAME --budget B`: adapt a pretrained policy to one GPU.
+
+Each round spends a share of the budget on every tuning problem. The candidates are the
+policy's beam picks and mutations of the best config found so far. The cost head screens
+them, and the most promising ones not yet measured are measured for real, or with the
+analytic model under `--simulate`. Every measurement goes to the database. After each
+round, the policy takes gradient steps on two losses:
+- REINFORCE with a per-problem mean baseline on this round's measurements. The reward is
+  log(TFLOP/s / best found); a failed config scores log(0.1).
+- The listwise supervised loss on everything measured so far on this GPU.
+The card records the gradient norm of each loss, which says which of the two carries the
+adaptation. The budget is never overspent: a count budget is exact, and a time budget
+stops before the next batch once it is used. A state file makes the run resumable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import re
+import time
+from pathlib import Path
+
+from gnn_policy.args import flag
+from gnn_policy.database import DEFAULT_PATH
+
+FAILED_REWARD = math.log(0.1)
+
+
+class FinetuneError(RuntimeError):
+    """The run cannot start: GPU mismatch, no GPU, a bad budget."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneArgs:
+    """Adapt a pretrained policy to one GPU on a budget of real measurements (resumable)."""
+
+    gpu: str = flag(help="GPU to adapt to: a spec name (h200) or an SM slice of the local one (h200-sm66)")
+    budget: str = flag("64", "real measurements (64) or measuring time (10m, 90s)")
+    db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
+    checkpoint: str = flag("", "policy to start from (default: checkpoints/pretrained.pt)")
+    output: str = flag("checkpoints", "folder for <gpu>.pt, <gpu>.card.json and the resume state")
+    split: str = flag("train", "suite split the tuning problems come from")
+    problems: int = flag(8, "tuning problems, spread over the split's families")
+    rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over")
+    steps: int = flag(20, "gradient steps after each round")
+    lr: float = flag(3e-4, "learning rate of the adaptation")
+    simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
+    seed: int = flag(0, "seed of problem choice, mutations and shuffling")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
+    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
+
+
+@dataclasses.dataclass
+class Budget:
+    """What may be spent (a count or seconds) and what was; persisted in the resume state."""
+
+    count: int | None = None
+    seconds: float | None = None
+    spent_count: int = 0
+    spent_seconds: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+        if not m or (not m.group(2) and "." in m.group(1)):
+            raise FinetuneError(f"--budget {text!r}: give a number of measurements (64) or a time (10m, 90s, 1h)")
+        if not m.group(2):
+            return cls(count=int(m.group(1)))
+        return cls(seconds=float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)])
+
+    def left(self) -> int:
+        """Measurements that may still start (a time budget allows any number until it is spent)."""
+        if self.count is not None:
+            return max(0, self.count - self.spent_count)
+        return 10**9 if self.spent_seconds < self.seconds else 0
+
+
+def check_gpu(spec, local, simulate: bool) -> None:
+    """Refuse to label measurements of this machine with another GPU's name."""
+    if simulate:
+        return
+    if local is None:
+        raise FinetuneError(f"no CUDA GPU here: real measurements of {spec.name} need one "
+                            "(--simulate measures with the analytic model instead)")
+    if (spec.slice_of or spec.name) != local.name:
+        raise FinetuneError(f"--gpu {spec.name} does not match this machine's {local.name}: measurements here "
+                            f"would be labelled with the wrong GPU. Use --gpu {local.name.lower()} (or a slice "
+                            "of it, e.g. h200-sm66), or --simulate to adapt on the analytic model's labels")
+
+
+def run(args: FinetuneArgs) -> dict:
+    import torch
+
+    import hardware_specs
+    from gnn_policy.collect import select_problems
+    from gnn_policy.database import Database
+    from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
+    from gnn_policy.snapshot import load_shipped
+
+    spec = hardware_specs.load(args.gpu)
+    check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
+    budget = Budget.parse(args.budget)
+    out = Path(args.output)
+    state_path = out / f"{args.gpu}.finetune.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {"round": 0, "spent_count": 0,
+                                                                            "spent_seconds": 0.0}
+    budget.spent_count, budget.spent_seconds = state["spent_count"], state["spent_seconds"]
+    policy = Policy.load(args.checkpoint or (out / f"{args.gpu}.pt" if state["round"] else DEFAULT_CHECKPOINT))
+    problems = select_problems(args.split, args.problems, args.seed)
+    torch.manual_seed(args.seed)
+    rng = random.Random(f"{args.seed}:{state['round']}")
+    optimiser = torch.optim.Adam(policy.model.parameters(), lr=args.lr)
+    source = "simulated" if args.simulate else "real"
+    norms = {"reinforce": [], "supervised": []}
+    with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
+        load_shipped(db)
+        for rnd in range(state["round"], args.rounds):
+            measured = _measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng, state_path, rnd)
+            _adapt(policy, problems, spec, db, source, measured, optimiser, args.steps, norms)
+            out.mkdir(parents=True, exist_ok=True)
+            _save(policy, out / f"{args.gpu}.pt")
+            state.update(round=rnd + 1, spent_count=budget.spent_count, spent_seconds=budget.spent_seconds)
+            state_path.write_text(json.dumps(state))
+    card = {"job": "finetune", "gpu": spec.name, "source": source, "args": dataclasses.asdict(args),
+            "spent_measurements": budget.spent_count, "spent_seconds": round(budget.spent_seconds, 1),
+            "problems": [p.key for p in problems],
+            "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()}}
+    (out / f"{args.gpu}.card.json").write_text(json.dumps(card, indent=1) + "\n")
+    return card
+
+
+class _measurer:
+    """The measuring callable of the run (real worker + compile pool, or the analytic model)."""
+
+    def __init__(self, db, spec, args: FinetuneArgs, source: str):
+        self.db, self.spec, self.args, self.source = db, spec, args, source
+
+    def __enter__(self):
+        import contextlib
+
+        import torch
+
+        from gnn_policy.measure.compile import CompilePool
+        from gnn_policy.measure.simulator import SimulatedPool, load_fitted
+        from gnn_policy.measure.workers import WorkerPool
+        from gnn_policy.policy import DEFAULT_CHECKPOINT
+        from gnn_policy.search import Measurer
+
+        self.stack = contextlib.ExitStack()
+        if self.source == "simulated":
+            pool = SimulatedPool(load_fitted(DEFAULT_CHECKPOINT.parent / "analytic.json"), self.spec)
+            compiler = None
+        else:
+            pool = self.stack.enter_context(WorkerPool(self.args.runner, gpu=self.spec.name,
+                                                       timeout_s=self.args.timeout))
+            real = self.args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
+            compiler = self.stack.enter_context(CompilePool()) if real else None
+        return Measurer(self.db, self.spec, pool, compiler, {"measured": 0}, source=self.source)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+
+def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random) -> list:
+    """Up to n unmeasured configs: beam picks and mutations of the best so far, screened by the cost head."""
+    import torch
+
+    from gnn_policy.search import mutate
+    from gnn_policy.space import TileConfig
+
+    space_ = policy.model.space
+    pool = [p.config for p in policy.top_k(problem, spec, 4 * n)]
+    best = sorted((k for k, v in known.items() if v is not None and k != "cublas"), key=lambda k: -known[k])[:3]
+    for key in best:
+        pool += [mutate(TileConfig.from_key(key), space_, rng) for _ in range(2 * n)]
+    mask = space_.problem_mask(spec, problem)
+    fresh = [c for c in dict.fromkeys(pool) if c.key not in known and mask[space_.index(c)]]
+    if not fresh:
+        return []
+    with torch.no_grad():
+        h, _ = policy.encode(problem, spec)
+        score = policy.model.cost(h, torch.tensor([space_.index(c) for c in fresh])[None])[0]
+    return [fresh[i] for i in score.argsort(descending=True)[:n].tolist()]
+
+
+def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: int, rng, state_path: Path,
+                   rnd: int) -> dict:
+    """This round's measurements: problem key -> {config key: TFLOP/s or None}."""
+    share = -(-budget.left() // rounds_left) if budget.count is not None else 2 * len(problems)
+    out = {}
+    for i, p in enumerate(problems):
+        # the round's share split evenly; the remainder goes to other problems each round
+        n = min(share // len(problems) + ((i - rnd) % len(problems) < share % len(problems)), budget.left())
+        if n <= 0:
+            continue
+        known = {k: v for k, v in measure.db.tflops(spec.name, p.key, measure.source).items()}
+        known.update({k: None for k in measure.db.failed_configs(spec.name).get(p.key, ())})
+        chosen = _candidates(policy, p, spec, known, n, rng)
+        before, start = measure.counts["measured"], time.monotonic()
+        values = measure(p, chosen)
+        budget.spent_count += measure.counts["measured"] - before
+        budget.spent_seconds += time.monotonic() - start
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        state_path.write_text(json.dumps({"round": rnd, "spent_count": budget.spent_count,
+                                          "spent_seconds": budget.spent_seconds}))
+        out[p.key] = {c.key: v for c, v in zip(chosen, values)}
+    return out
+
+
+def _adapt(policy, problems, spec, db, source: str, measured: dict, optimiser, steps: int, norms: dict) -> None:
+    """REINFORCE on this round's measurements plus the listwise loss on all of this GPU's."""
+    import torch
+
+    from gnn_policy.space import TileConfig
+    from training.dataset import listwise_target
+    from training.losses import listwise_loss
+
+    model, space_ = policy.model, policy.model.space
+    batches = []
+    for p in problems:
+        figs = {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != "cublas"}
+        if not figs:
+            continue
+        best = max(figs.values())
+        new = measured.get(p.key, {})
+        rewards = [math.log(v / best) if v else FAILED_REWARD for v in new.values()]
+        batches.append((p, [space_.index(TileConfig.from_key(k)) for k in new], rewards,
+                        [space_.index(TileConfig.from_key(k)) for k in figs], [math.log(v) for v in figs.values()]))
+    model.train()
+    for _ in range(steps if batches else 0):
+        pg_total, sl_total = 0.0, 0.0
+        for p, new_idx, rewards, all_idx, log_tf in batches:
+            h, mask = policy.encode(p, spec)
+            pg = torch.zeros(())
+            if len(new_idx) > 1:
+                r = torch.tensor(rewards)
+                logp = model.log_prob(h, torch.tensor(new_idx)[None], mask)[0]
+                pg = -((r - r.mean()) * logp).mean()
+            lt = torch.tensor(log_tf)[None]
+            valid = torch.ones_like(lt, dtype=torch.bool)
+            sl = listwise_loss(model.log_prob(h, torch.tensor(all_idx)[None], mask), listwise_target(lt, valid, 0.1), valid)
+            pg_total, sl_total = pg_total + pg, sl_total + sl
+        optimiser.zero_grad()
+        for name, loss in (("reinforce", pg_total), ("supervised", sl_total)):
+            if torch.is_tensor(loss) and loss.requires_grad:
+                grads = torch.autograd.grad(loss, [q for q in model.parameters() if q.requires_grad],
+                                            retain_graph=True, allow_unused=True)
+                norms[name].append(float(torch.sqrt(sum((g ** 2).sum() for g in grads if g is not None))))
+        (pg_total + sl_total).backward()
+        optimiser.step()
+    model.eval()
+
+
+def _save(policy, path: Path) -> None:
+    import torch
+
+    torch.save({"model_config": dataclasses.asdict(policy.model.cfg), "state_dict": policy.model.state_dict()}, path)
