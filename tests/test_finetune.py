@@ -10,6 +10,7 @@ import torch
 import hardware_specs
 from gnn_policy.database import Database
 from gnn_policy.model import ModelConfig, PolicyModel
+from gnn_policy.policy import Policy
 from training import finetune
 from training.finetune import Budget, FinetuneArgs, FinetuneError, check_gpu, run
 
@@ -87,7 +88,10 @@ def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monke
     spent_before = _rows(tmp_path)
     assert 0 < spent_before <= 12
     monkeypatch.setattr(finetune, "_adapt", real_adapt)
+    original, loaded = Policy.load.__func__, []
+    monkeypatch.setattr(Policy, "load", classmethod(lambda cls, path: (loaded.append(str(path)), original(cls, path))[1]))
     card = run(_args(tmp_path, ckpt, budget="12", rounds=3))
+    assert loaded == [str(tmp_path / "out" / "h200.pt")]  # round 1's adapted weights, not the start
     assert card["spent_measurements"] == 12 == _rows(tmp_path)
     again = run(_args(tmp_path, ckpt, budget="12", rounds=3))
     assert again["spent_measurements"] == 12 == _rows(tmp_path)  # finished: nothing more to spend

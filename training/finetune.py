@@ -107,7 +107,8 @@ def run(args: FinetuneArgs) -> dict:
     state = json.loads(state_path.read_text()) if state_path.exists() else {"round": 0, "spent_count": 0,
                                                                             "spent_seconds": 0.0}
     budget.spent_count, budget.spent_seconds = state["spent_count"], state["spent_seconds"]
-    policy = Policy.load(args.checkpoint or (out / f"{args.gpu}.pt" if state["round"] else DEFAULT_CHECKPOINT))
+    # a resumed run continues from its own adapted weights, not from the starting checkpoint
+    policy = Policy.load(out / f"{args.gpu}.pt" if state["round"] else args.checkpoint or DEFAULT_CHECKPOINT)
     problems = select_problems(args.split, args.problems, args.seed)
     torch.manual_seed(args.seed)
     rng = random.Random(f"{args.seed}:{state['round']}")
