@@ -194,16 +194,22 @@ class Database:
             "AND m.source='real') ORDER BY p.id", (gpu,))
         return [problem_from_fields(dict(zip(cols, row))) for row in rows]
 
-    def failed_configs(self, gpu: str) -> dict[str, list[str]]:
-        """Problem key -> the config keys that failed there (any real status but ok; cuBLAS excluded)."""
+    def failed_configs(self, gpu: str, source: str = "real") -> dict[str, list[str]]:
+        """Problem key -> the config keys that failed there (any status but ok; cuBLAS excluded)."""
         out: dict[str, list[str]] = {}
         rows = self.conn.execute(
             "SELECT p.key, c.key FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
             "JOIN problems p ON p.id=m.problem_id JOIN configs c ON c.id=m.config_id "
-            "WHERE g.name=? AND m.source='real' AND m.status != 'ok' AND c.key != ?", (gpu, CUBLAS))
+            "WHERE g.name=? AND m.source=? AND m.status != 'ok' AND c.key != ?", (gpu, source, CUBLAS))
         for problem, config in rows:
             out.setdefault(problem, []).append(config)
         return out
+
+    def count_since(self, gpu: str, source: str, after_id: int) -> int:
+        """Measurement rows of `gpu` from `source` stored after row `after_id`."""
+        return self.conn.execute(
+            "SELECT COUNT(*) FROM measurements m JOIN gpus g ON g.id=m.gpu_id WHERE g.name=? AND m.source=? "
+            "AND m.id > ?", (gpu, source, after_id)).fetchone()[0]
 
     def retimed_problems(self, gpu: str) -> set[str]:
         """Problems with a correct re-timing that counts: under the versions of a first measurement."""

@@ -69,6 +69,7 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["spent_measurements"] == 6 == _rows(tmp_path, "simulated")
     assert _rows(tmp_path, "real") == 0  # simulated rows never pass as real
+    assert (tmp_path / "out" / "h100.simulated.pt").exists() and not (tmp_path / "out" / "h100.pt").exists()
 
 
 def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monkeypatch):
@@ -95,3 +96,34 @@ def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monke
     assert card["spent_measurements"] == 12 == _rows(tmp_path)
     again = run(_args(tmp_path, ckpt, budget="12", rounds=3))
     assert again["spent_measurements"] == 12 == _rows(tmp_path)  # finished: nothing more to spend
+
+
+def test_a_kill_right_after_a_measurement_is_not_spent_again(tmp_path, ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    calls = {"n": 0}
+    real_save = finetune._save_state
+
+    def save_then_die(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the state write after the second batch never happens
+            raise KeyboardInterrupt
+        return real_save(*a, **k)
+
+    monkeypatch.setattr(finetune, "_save_state", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run(_args(tmp_path, ckpt, budget="12"))
+    monkeypatch.setattr(finetune, "_save_state", real_save)
+    assert run(_args(tmp_path, ckpt, budget="12"))["spent_measurements"] == 12 == _rows(tmp_path)
+
+
+def test_a_resume_with_other_settings_is_refused(tmp_path, ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    run(_args(tmp_path, ckpt, budget="6"))
+    with pytest.raises(FinetuneError, match="belongs to a run with"):
+        run(_args(tmp_path, ckpt, budget="8"))
+
+
+def test_a_time_budget_keeps_measuring_until_its_time_is_used(tmp_path, ckpt):
+    short = run(_args(tmp_path, ckpt, gpu="h100", simulate=True, budget="0.001s", output=str(tmp_path / "a")))
+    longer = run(_args(tmp_path, ckpt, gpu="h100", simulate=True, budget="3s", output=str(tmp_path / "b")))
+    assert short["spent_measurements"] <= 2 * 3 * 2 < longer["spent_measurements"]

@@ -6,7 +6,7 @@ them, and the most promising ones not yet measured are measured for real, or wit
 analytic model under `--simulate`. Every measurement goes to the database. After each
 round, the policy takes gradient steps on two losses:
 - REINFORCE with a per-problem mean baseline on this round's measurements. The reward is
-  log(TFLOP/s / best found); a failed config scores log(0.1).
+  log(TFLOP/s / best found), floored at log 0.1; a failed config scores log 0.05.
 - The listwise supervised loss on everything measured so far on this GPU.
 The card records the gradient norm of each loss, which says which of the two carries the
 adaptation. The budget is never overspent: a count budget is exact, and a time budget
@@ -14,9 +14,11 @@ stops before the next batch once it is used. A state file makes the run resumabl
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
+import os
 import random
 import re
 import time
@@ -25,7 +27,8 @@ from pathlib import Path
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
 
-FAILED_REWARD = math.log(0.1)
+FAILED_REWARD = math.log(0.05)  # below every correct config's reward, which is clipped at log 0.1
+FLOOR_REWARD = math.log(0.1)
 
 
 class FinetuneError(RuntimeError):
@@ -100,36 +103,65 @@ def run(args: FinetuneArgs) -> dict:
     from gnn_policy.snapshot import load_shipped
 
     spec = hardware_specs.load(args.gpu)
-    check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
+    if not args.simulate:
+        check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
     budget = Budget.parse(args.budget)
+    source = "simulated" if args.simulate else "real"
     out = Path(args.output)
-    state_path = out / f"{args.gpu}.finetune.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {"round": 0, "spent_count": 0,
-                                                                            "spent_seconds": 0.0}
-    budget.spent_count, budget.spent_seconds = state["spent_count"], state["spent_seconds"]
-    # a resumed run continues from its own adapted weights, not from the starting checkpoint
-    policy = Policy.load(out / f"{args.gpu}.pt" if state["round"] else args.checkpoint or DEFAULT_CHECKPOINT)
+    name = args.gpu if source == "real" else f"{args.gpu}.simulated"
+    state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
+    plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed")}
     problems = select_problems(args.split, args.problems, args.seed)
     torch.manual_seed(args.seed)
-    rng = random.Random(f"{args.seed}:{state['round']}")
-    optimiser = torch.optim.Adam(policy.model.parameters(), lr=args.lr)
-    source = "simulated" if args.simulate else "real"
     norms = {"reinforce": [], "supervised": []}
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
         load_shipped(db)
+        state = _resume_state(state_path, plan, db.high_water()[0])
+        _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
+        budget.spent_seconds = state["spent_seconds"]
+        # a resumed run continues from its own adapted weights, not from the starting checkpoint
+        policy = Policy.load(weights if state["round"] else args.checkpoint or DEFAULT_CHECKPOINT)
+        optimiser = torch.optim.Adam(policy.model.parameters(), lr=args.lr)
         for rnd in range(state["round"], args.rounds):
-            measured = _measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng, state_path, rnd)
+            rng = random.Random(f"{args.seed}:{rnd}")
+            measured = _measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng,
+                                      lambda: _save_state(state_path, state, budget), state["since"], rnd)
             _adapt(policy, problems, spec, db, source, measured, optimiser, args.steps, norms)
             out.mkdir(parents=True, exist_ok=True)
-            _save(policy, out / f"{args.gpu}.pt")
-            state.update(round=rnd + 1, spent_count=budget.spent_count, spent_seconds=budget.spent_seconds)
-            state_path.write_text(json.dumps(state))
-    card = {"job": "finetune", "gpu": spec.name, "source": source, "args": dataclasses.asdict(args),
-            "spent_measurements": budget.spent_count, "spent_seconds": round(budget.spent_seconds, 1),
-            "problems": [p.key for p in problems],
+            _save(policy, weights)
+            state["round"] = rnd + 1
+            _save_state(state_path, state, budget)
+        budget.spent_count = db.count_since(spec.name, source, state["since"])
+    card = {"job": "finetune", "gpu": spec.name, "source": source, "checkpoint": weights.name,
+            "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,
+            "spent_seconds": round(budget.spent_seconds, 1), "problems": [p.key for p in problems],
             "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()}}
-    (out / f"{args.gpu}.card.json").write_text(json.dumps(card, indent=1) + "\n")
+    _write_atomic(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
     return card
+
+
+def _resume_state(path: Path, plan: dict, high_water: int) -> dict:
+    """The saved state of this run, or a fresh one; a state of a run with other settings is refused."""
+    if not path.exists():
+        return {"plan": plan, "since": high_water, "round": 0, "spent_seconds": 0.0}
+    state = json.loads(path.read_text())
+    if state["plan"] != plan:
+        raise FinetuneError(f"{path} belongs to a run with {state['plan']}, not {plan}: finish that run with "
+                            "the same flags, or give another --output")
+    return state
+
+
+def _save_state(path: Path, state: dict, budget: Budget) -> None:
+    state["spent_seconds"] = budget.spent_seconds
+    _write_atomic(path, json.dumps(state))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write, then rename over: a kill leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class _measurer:
@@ -158,7 +190,7 @@ class _measurer:
                                                        timeout_s=self.args.timeout))
             real = self.args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
             compiler = self.stack.enter_context(CompilePool()) if real else None
-        return Measurer(self.db, self.spec, pool, compiler, {"measured": 0}, source=self.source)
+        return Measurer(self.db, self.spec, pool, compiler, collections.defaultdict(int), source=self.source)
 
     def __exit__(self, *exc: object) -> None:
         self.stack.close()
@@ -186,28 +218,45 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random) 
     return [fresh[i] for i in score.argsort(descending=True)[:n].tolist()]
 
 
-def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: int, rng, state_path: Path,
+def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: int, rng, save, since: int,
                    rnd: int) -> dict:
-    """This round's measurements: problem key -> {config key: TFLOP/s or None}."""
-    share = -(-budget.left() // rounds_left) if budget.count is not None else 2 * len(problems)
-    out = {}
-    for i, p in enumerate(problems):
-        # the round's share split evenly; the remainder goes to other problems each round
-        n = min(share // len(problems) + ((i - rnd) % len(problems) < share % len(problems)), budget.left())
-        if n <= 0:
-            continue
-        known = {k: v for k, v in measure.db.tflops(spec.name, p.key, measure.source).items()}
-        known.update({k: None for k in measure.db.failed_configs(spec.name).get(p.key, ())})
-        chosen = _candidates(policy, p, spec, known, n, rng)
-        before, start = measure.counts["measured"], time.monotonic()
-        values = measure(p, chosen)
-        budget.spent_count += measure.counts["measured"] - before
-        budget.spent_seconds += time.monotonic() - start
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        state_path.write_text(json.dumps({"round": rnd, "spent_count": budget.spent_count,
-                                          "spent_seconds": budget.spent_seconds}))
-        out[p.key] = {c.key: v for c, v in zip(chosen, values)}
-    return out
+    """This round's measurements: problem key -> {config key: TFLOP/s, or None for a failed row}.
+
+    What was spent is counted in the database (rows of this GPU and source since the run
+    began), so a kill between a measurement and the state file cannot make a resume spend it
+    twice. A count budget's share is split over the problems; a time budget's share of the
+    remaining seconds is spent in batches of two configs per problem.
+    """
+    db = measure.db
+    budget.spent_count = db.count_since(spec.name, measure.source, since)
+    timed = budget.count is None
+    share = -(-budget.left() // rounds_left) if not timed else 0
+    seconds = (budget.seconds - budget.spent_seconds) / rounds_left if timed else 0.0
+    out: dict = {}
+    round_start = time.monotonic()
+    while True:
+        progress = False
+        for i, p in enumerate(problems):
+            if timed:
+                n = 2 if time.monotonic() - round_start < seconds else 0
+            else:  # the round's share split evenly; the remainder goes to other problems each round
+                n = min(share // len(problems) + ((i - rnd) % len(problems) < share % len(problems)), budget.left())
+            if n <= 0:
+                continue
+            known = db.tflops(spec.name, p.key, measure.source)
+            known.update({k: None for k in db.failed_configs(spec.name, measure.source).get(p.key, ())})
+            chosen = _candidates(policy, p, spec, {**known, **out.get(p.key, {})}, n, rng)
+            start = time.monotonic()
+            values = measure(p, chosen)
+            budget.spent_seconds += time.monotonic() - start
+            budget.spent_count = db.count_since(spec.name, measure.source, since)
+            save()
+            stored = db.measured(spec.name, measure.source, problem=p.key)
+            # a config that got no row (no valid layout, compile out of memory) teaches nothing
+            out.setdefault(p.key, {}).update({c.key: v for c, v in zip(chosen, values) if (p.key, c.key) in stored})
+            progress = progress or bool(chosen)
+        if not timed or not progress or time.monotonic() - round_start >= seconds or not budget.left():
+            return out
 
 
 def _adapt(policy, problems, spec, db, source: str, measured: dict, optimiser, steps: int, norms: dict) -> None:
@@ -226,7 +275,7 @@ def _adapt(policy, problems, spec, db, source: str, measured: dict, optimiser, s
             continue
         best = max(figs.values())
         new = measured.get(p.key, {})
-        rewards = [math.log(v / best) if v else FAILED_REWARD for v in new.values()]
+        rewards = [max(FLOOR_REWARD, math.log(v / best)) if v else FAILED_REWARD for v in new.values()]
         batches.append((p, [space_.index(TileConfig.from_key(k)) for k in new], rewards,
                         [space_.index(TileConfig.from_key(k)) for k in figs], [math.log(v) for v in figs.values()]))
     model.train()
@@ -257,4 +306,6 @@ def _adapt(policy, problems, spec, db, source: str, measured: dict, optimiser, s
 def _save(policy, path: Path) -> None:
     import torch
 
-    torch.save({"model_config": dataclasses.asdict(policy.model.cfg), "state_dict": policy.model.state_dict()}, path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model_config": dataclasses.asdict(policy.model.cfg), "state_dict": policy.model.state_dict()}, tmp)
+    os.replace(tmp, path)
