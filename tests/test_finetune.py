@@ -37,6 +37,20 @@ def _rows(tmp_path, source="real"):
         return db.conn.execute("SELECT COUNT(*) FROM measurements WHERE source=?", (source,)).fetchone()[0]
 
 
+def _kill_at_call(monkeypatch, name: str, n: int):
+    """Make finetune.<name> raise KeyboardInterrupt (a kill) on its n-th call; returns the original."""
+    real, calls = getattr(finetune, name), []
+
+    def dying(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(finetune, name, dying)
+    return real
+
+
 def test_budgets_parse_and_bad_ones_are_refused():
     assert Budget.parse("64").count == 64 and Budget.parse("10m").seconds == 600 and Budget.parse("90s").seconds == 90
     with pytest.raises(FinetuneError, match="number of measurements"):
@@ -74,16 +88,7 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
 
 def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
-    calls = {"n": 0}
-    real_adapt = finetune._adapt
-
-    def adapt_then_die(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt  # killed after round 2's measurements, before its adaptation
-        return real_adapt(*a, **k)
-
-    monkeypatch.setattr(finetune, "_adapt", adapt_then_die)
+    real_adapt = _kill_at_call(monkeypatch, "_adapt", 2)  # after round 2's measurements, before its adaptation
     with pytest.raises(KeyboardInterrupt):
         run(_args(tmp_path, ckpt, budget="12", rounds=3))
     spent_before = _rows(tmp_path)
@@ -100,16 +105,7 @@ def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monke
 
 def test_a_kill_right_after_a_measurement_is_not_spent_again(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
-    calls = {"n": 0}
-    real_save = finetune._save_state
-
-    def save_then_die(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 3:  # the state write after the second batch never happens
-            raise KeyboardInterrupt
-        return real_save(*a, **k)
-
-    monkeypatch.setattr(finetune, "_save_state", save_then_die)
+    real_save = _kill_at_call(monkeypatch, "_save_state", 3)  # the state write after the second batch
     with pytest.raises(KeyboardInterrupt):
         run(_args(tmp_path, ckpt, budget="12"))
     monkeypatch.setattr(finetune, "_save_state", real_save)
