@@ -34,7 +34,6 @@ class Sample:
     configs: torch.Tensor  # [C, knobs] knob indices of correct configs
     log_tflops: torch.Tensor  # [C]
     failed: torch.Tensor  # [F, knobs] knob indices of failed configs
-    cublas_tflops: float | None
 
 
 def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
@@ -43,11 +42,12 @@ def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
     out = []
     for gpu in gpus:
         failed_by_problem = db.failed_configs(gpu)
+        spec = hardware_specs.load(gpu)
         for p in db.problems(gpu):
             if families is not None and p.model not in families:
                 continue
             figs = db.tflops(gpu, p.key)
-            allowed = space.problem_mask(hardware_specs.load(gpu), p)
+            allowed = space.problem_mask(spec, p)
             keys = [k for k in figs if k != CUBLAS and TileConfig.from_key(k) in space]
             ruled_out = [k for k in keys if not allowed[space.index(TileConfig.from_key(k))]]
             if ruled_out:  # measured correct, yet invalid by today's rules: the policy cannot give them mass
@@ -61,8 +61,7 @@ def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
                 configs=torch.tensor([space.index(TileConfig.from_key(k)) for k in keys]),
                 log_tflops=torch.tensor([math.log(figs[k]) for k in keys]),
                 failed=torch.tensor([space.index(TileConfig.from_key(k)) for k in failed],
-                                    dtype=torch.long).reshape(-1, len(space.shape)),
-                cublas_tflops=figs.get(CUBLAS)))
+                                    dtype=torch.long).reshape(-1, len(space.shape))))
     return out
 
 
