@@ -69,3 +69,14 @@ def test_a_compile_past_its_timeout_is_a_timeout_result(tmp_path, monkeypatch):
     assert slow.status == "timeout" and "0.05 s" in slow.error
     ok = compile_one((problem, TileConfig(128, 128, 64, 1, 8, 4, 3, "tma"), 300.0))
     assert ok.status == "ok", ok.error
+
+
+def test_a_config_far_behind_the_best_is_timed_from_one_replay():
+    gpu = hardware_specs.detect().name
+    problem = GemmProblem(2048, 2048, 2048, dtype="bf16")
+    fast, slow = TileConfig(128, 256, 64, 1, 8, 8, 3, "tma"), TileConfig(16, 16, 32, 1, 1, 1, 1, "ptr")
+    with WorkerPool("gnn_policy.measure.runner:measure_configs", gpu=gpu, timeout_s=300) as pool:
+        first_slow, _, then_slow = pool.run(problem, [slow, fast, slow])
+    assert first_slow.p10_ms < first_slow.p90_ms  # measured first: full precision
+    assert then_slow.p10_ms == then_slow.median_ms == then_slow.p90_ms  # screened: one replay
+    assert abs(then_slow.median_ms - first_slow.median_ms) / first_slow.median_ms < 0.1
