@@ -15,6 +15,7 @@ from gnn_policy.confirm import ConfirmArgs
 from gnn_policy.tune import TuneArgs
 from training.bench import BenchArgs
 from training.finetune import FinetuneArgs, FinetuneError
+from training.imported import ImportedArgs
 from training.pretrain import PretrainArgs
 from gnn_policy.database import DEFAULT_PATH, DatabaseError
 
@@ -110,6 +111,34 @@ def run_stats(args: StatsArgs) -> int:
     return 0
 
 
+def run_imported(args: ImportedArgs) -> int:
+    from collections import Counter
+
+    from training.imported import load_demonstrations
+
+    demos, report = load_demonstrations(args.root)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+        return 0
+    exact = Counter(d.gpu for d in demos if d.exact)
+    problems = {gpu: len({d.problem.key for d in demos if d.gpu == gpu}) for gpu in report.demonstrations}
+    rows = [(gpu, report.files_used[gpu], n, exact[gpu], n - exact[gpu], problems[gpu])
+            for gpu, n in report.demonstrations.most_common()]
+    print(_format(("gpu", "files", "demonstrations", "exact", "mapped", "problems"), rows))
+
+    def top(counts: Counter) -> str:
+        items = ", ".join(f"{k}: {v}" for k, v in counts.most_common(6))
+        return f" ({items}{', ...' if len(counts) > 6 else ''})" if counts else ""
+
+    why = {"dtype": "not a 16-bit dtype", "gpu": "no GPU spec", "model": "no known model with these E, N"}
+    print(f"\n{report.files} files, {report.duplicates} duplicates read once")
+    for reason, counts in report.skipped.items():
+        print(f"skipped, {why[reason]}: {sum(counts.values())} files{top(counts)}")
+    print(f"configs: {report.exact} exact, {report.mapped} mapped{top(report.mapped_why)}, "
+          f"{sum(report.dropped.values())} dropped{top(report.dropped)}")
+    return 0
+
+
 def run_demo(args: DemoArgs) -> int:
     import torch
 
@@ -178,6 +207,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
     "stats": (StatsArgs, run_stats),
+    "imported": (ImportedArgs, run_imported),
 }
 
 

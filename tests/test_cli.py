@@ -71,3 +71,15 @@ def test_stats_counts_a_database(tmp_path):
     sqlite3.connect(foreign).execute("CREATE TABLE t (x)")
     refused = _cli("stats", "--db", str(foreign))
     assert refused.returncode == 2 and "not a gnn-policy database" in refused.stderr
+
+
+def test_imported_counts_demonstrations_per_gpu(tmp_path):
+    res = _cli("imported")
+    assert res.returncode == 0, res.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines()[2:6]}
+    assert rows["MI300X"][:2] == ["8", "288"] and rows["L40S"][:2] == ["1", "38"]
+    assert "895 files, 168 duplicates read once" in res.stdout and "NVIDIA_H20-3e: 15" in res.stdout
+    report = json.loads(_cli("imported", "--json").stdout)
+    assert report["demonstrations"]["H100-SXM5-80GB"] == 144 and report["exact"] + report["mapped"] == 578
+    missing = _cli("imported", "--root", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "no tuned-configs folder" in missing.stderr

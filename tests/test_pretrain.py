@@ -54,3 +54,16 @@ def test_a_tiny_seeded_run_trains_and_ships_a_loadable_checkpoint(tmp_path):
 
 
 PINNED_LOSS = 13.16887  # measured with torch 2.13.0 (CPU), seed 0
+
+
+def test_imitation_trains_on_imported_configs_and_logs_it(tmp_path):
+    _fake_db(tmp_path / "m.sqlite")
+    args = PretrainArgs(db=str(tmp_path / "m.sqlite"), epochs=1, batch_size=64, hidden=16, layers=1,
+                        out=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "runs"), wandb=False,
+                        imitation_weight=1.0)
+    card = run(args)
+    imported_gpus = ["A100-SXM4-80GB", "H100-SXM5-80GB", "L40S", "MI300X"]  # Mixtral (a train family) only
+    assert card["imported"] == {"problems": 398, "demonstrations": 578, "gpus": imported_gpus}
+    assert list(card["model_config"]["gpu_names"]) == sorted([GPU.name, *imported_gpus])
+    assert card["metrics"]["train/imitation"] > 0
+    assert card["data"]["train"]["problems"] == 6  # the measured samples are what they were

@@ -1,4 +1,10 @@
-"""The DataModule: samples from the measurement database, split by model family (graphs.suite)."""
+"""The DataModule: samples from the measurement database, split by model family (graphs.suite).
+
+With imported demonstrations, training batches are dicts {"measured": ..., "imported": ...}
+(Lightning's CombinedLoader, mode max_size_cycle: an epoch is a pass over the longer of the two,
+the shorter one cycles). Demonstrations of validation or test families are left out, like
+their measurements.
+"""
 from __future__ import annotations
 
 import functools
@@ -12,16 +18,18 @@ from hardware_specs.features import GpuVocab
 from gnn_policy.database import Database
 from gnn_policy.snapshot import load_shipped
 from gnn_policy.space import ConfigSpace
-from training.dataset import collate, load_samples
+from training.dataset import Sample, collate, demonstration_samples, load_samples
+from training.imported import Demonstration
 
 
 class MeasurementDataModule(pl.LightningDataModule):
     def __init__(self, db: str, gpus: Sequence[str], space: ConfigSpace, vocab: GpuVocab,
-                 batch_size: int = 8, load_snapshot: bool = True):
+                 batch_size: int = 8, load_snapshot: bool = True, demos: Sequence[Demonstration] = ()):
         super().__init__()
         self.db, self.gpus, self.space, self.vocab = db, tuple(gpus), space, vocab
-        self.batch_size, self.load_snapshot = batch_size, load_snapshot
-        self.samples: dict[str, list] = {}
+        self.batch_size, self.load_snapshot, self.demos = batch_size, load_snapshot, tuple(demos)
+        self.samples: dict[str, list[Sample]] = {}
+        self.imported: list[Sample] = []
 
     def setup(self, stage: str | None = None) -> None:
         if self.samples:
@@ -34,13 +42,20 @@ class MeasurementDataModule(pl.LightningDataModule):
         if not self.samples["train"]:
             raise ValueError(f"{self.db}: no training problems measured on {', '.join(self.gpus)} "
                              f"(train families: {', '.join(SPLITS['train'])})")
+        self.imported = demonstration_samples(self.demos, self.space, SPLITS["train"])
+        if self.demos and not self.imported:
+            raise ValueError(f"none of the {len(self.demos)} imported demonstrations is of a train family "
+                             f"({', '.join(SPLITS['train'])})")
 
-    def _loader(self, name: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.samples[name], batch_size=self.batch_size, shuffle=shuffle,
+    def _loader(self, samples: list[Sample], shuffle: bool) -> DataLoader:
+        return DataLoader(samples, batch_size=self.batch_size, shuffle=shuffle,
                           collate_fn=functools.partial(collate, space=self.space, vocab=self.vocab))
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
+    def train_dataloader(self) -> DataLoader | dict[str, DataLoader]:
+        measured = self._loader(self.samples["train"], True)
+        if not self.imported:
+            return measured
+        return {"measured": measured, "imported": self._loader(self.imported, True)}
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
+        return self._loader(self.samples["val"], False)

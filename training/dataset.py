@@ -6,6 +6,10 @@ indices of every correctly measured config with its TFLOP/s (re-timings included
 timeout) as negatives. Listwise target: softmax over the measured configs of
 log(TFLOP/s / best) / temperature, so the best config gets the most mass and one at half
 speed e^(-ln 2 / T) times less.
+
+Imported demonstrations (`training.imported`) become samples of the same shape, kept apart
+from the measured ones: `configs` holds the demonstrated configs, `log_tflops` zeros (they
+come without timings, so no listwise or cost loss may read them), no failures.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from hardware_specs.features import GpuVocab, spec_vector
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.space import ConfigSpace, TileConfig
+from training.imported import Demonstration
 
 
 @dataclasses.dataclass
@@ -63,6 +68,20 @@ def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
                 failed=torch.tensor([space.index(TileConfig.from_key(k)) for k in failed],
                                     dtype=torch.long).reshape(-1, len(space.shape))))
     return out
+
+
+def demonstration_samples(demos: Sequence[Demonstration], space: ConfigSpace,
+                          families: Sequence[str] | None = None) -> list[Sample]:
+    """One sample per (GPU, problem) of `families` (None: all), holding every config demonstrated for it."""
+    groups: dict[tuple[str, str], list[Demonstration]] = {}
+    for d in demos:
+        if families is None or d.problem.model in families:
+            groups.setdefault((d.gpu, d.problem.key), []).append(d)
+    return [Sample(problem=ds[0].problem, gpu=gpu, graph=problem_graph(ds[0].problem),
+                   configs=torch.tensor([space.index(d.config) for d in ds]),
+                   log_tflops=torch.zeros(len(ds)),
+                   failed=torch.zeros(0, len(space.shape), dtype=torch.long))
+            for (gpu, _), ds in groups.items()]
 
 
 def listwise_target(log_tflops: torch.Tensor, valid: torch.Tensor, temperature: float) -> torch.Tensor:

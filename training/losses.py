@@ -18,6 +18,15 @@ def failure_loss(logp_failed: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     return -torch.log(-torch.expm1(logp_failed.clamp(max=-1e-6)))[valid].mean()
 
 
+def imitation_loss(logp_demo: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of demonstrated configs [B, D] under the policy's masked distribution.
+
+    Demonstrations are imported winners without timings, so each one is a target of its own
+    (several per problem where engines or Triton versions differ) rather than a listwise target.
+    """
+    return -logp_demo[valid].mean()
+
+
 def ranking_loss(pred: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Pairwise logistic loss over the pairs of one problem whose measured order is strict."""
     diff_true = log_tflops[:, :, None] - log_tflops[:, None, :]

@@ -1,5 +1,8 @@
 """`gnn-policy pretrain`: train the policy on real measurements of the train families.
 
+With `--imitation-weight` above 0 the policy also imitates the imported vLLM / SGLang configs
+(`training.imported`) of the train families; their GPUs get learned embeddings too.
+
 Writes `<out>/pretrained.pt` (the model's state_dict and its ModelConfig, loadable with
 `torch.load(weights_only=True)`) and `<out>/pretrained.card.json` (data, GPUs, splits,
 metrics, versions). Metrics go to W&B (offline by default) and to a CSV under `--log-dir`.
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
+from training.imported import TUNED_CONFIGS, load_demonstrations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +40,8 @@ class PretrainArgs:
     tags: tuple[str, ...] = flag((), "W&B tags (repeatable)", action="append")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
     max_minutes: float = flag(20.0, "stop training after this many minutes")
+    imitation_weight: float = flag(0.0, "weight of the imitation loss on imported vLLM / SGLang configs (0: off)")
+    imported: str = flag(str(TUNED_CONFIGS), "folder of the imported tuned configs (with --imitation-weight)")
 
 
 def run(args: PretrainArgs) -> dict:
@@ -54,11 +60,14 @@ def run(args: PretrainArgs) -> dict:
     from training.tracking import loggers
 
     pl.seed_everything(args.seed, workers=True)
-    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=tuple(sorted(args.gpus)))
+    demos = load_demonstrations(args.imported, ModelConfig.space)[0] if args.imitation_weight > 0 else []
+    gpu_names = tuple(sorted({*args.gpus, *(d.gpu for d in demos)}))
+    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=gpu_names)
     data = MeasurementDataModule(args.db, args.gpus, space(model_config.space), GpuVocab(model_config.gpu_names),
-                                 batch_size=args.batch_size)
+                                 batch_size=args.batch_size, demos=demos)
     data.setup()
-    module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature)
+    module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature,
+                          imitation_weight=args.imitation_weight)
     trainer = pl.Trainer(
         max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, accelerator="auto", devices=1,
         logger=loggers(Path(args.log_dir), job_type="pretrain", group=args.group, tags=args.tags,
@@ -82,5 +91,8 @@ def run(args: PretrainArgs) -> dict:
         "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
                      "pytorch_lightning": pl.__version__},
     }
+    if data.imported:
+        card["imported"] = {"problems": len(data.imported), "gpus": sorted({x.gpu for x in data.imported}),
+                            "demonstrations": sum(len(x.configs) for x in data.imported)}
     (out / "pretrained.card.json").write_text(json.dumps(card, indent=1) + "\n")
     return card
