@@ -1,7 +1,8 @@
 """`gnn_policy.matmul`: the public entry to the Triton template.
 
-It checks its arguments and says what is wrong, picks the config (the one given, or a
-default), validates it against the local GPU's spec and launches the kernel.
+It checks its arguments and says what is wrong, picks the config (the one given, or the
+policy's top-1 for this shape on the local GPU), validates it against the local GPU's spec
+and launches the kernel.
 """
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import functools
 import math
 import os
 
+import warnings
+from pathlib import Path
+
 import torch
 
 import hardware_specs
+from graphs import GemmProblem
 from gnn_policy.kernels.launch import INT32_MAX, LayoutError, launch, max_offset
 from gnn_policy.kernels.matmul import ACTIVATIONS, matmul_kernel
 from gnn_policy.space import TileConfig, Violation, violations
@@ -156,6 +161,42 @@ def default_config(m: int, n: int, k: int, dtype: str, gpu: hardware_specs.GpuSp
     raise InvalidConfigError(fallback, gpu.name, violations(fallback, gpu, dtype, k))
 
 
+POLICY_DTYPES = ("fp16", "bf16")  # the dtypes the suite, and so the policy, is trained on
+
+
+@functools.lru_cache(maxsize=1)
+def _policy():
+    """The policy of $GNN_POLICY_CHECKPOINT or the shipped checkpoint; None (warned once) if absent.
+
+    Loaded on the first call that needs it: the policy imports torch_geometric, which a
+    caller passing its own configs never pays for.
+    """
+    from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
+
+    path = Path(os.environ.get("GNN_POLICY_CHECKPOINT") or DEFAULT_CHECKPOINT)
+    try:
+        return Policy.load(path)
+    except FileNotFoundError as exc:
+        # stacklevel 4: the warning names the line that called matmul
+        warnings.warn(f"gnn_policy.matmul: {exc}; using the default configs", stacklevel=4)
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def policy_config(problem: GemmProblem, gpu: hardware_specs.GpuSpec) -> TileConfig | None:
+    """The policy's most probable valid config for `problem` on `gpu`, cached per problem;
+    None when there is no checkpoint or the dtype is one the policy was not trained on."""
+    if problem.dtype not in POLICY_DTYPES:
+        return None
+    policy = _policy()
+    picks = policy.top_k(problem, gpu, 1) if policy is not None else []
+    return picks[0].config if picks else None
+
+
+def _layout(t: torch.Tensor) -> str:
+    return "col" if t.stride(-2) == 1 and t.stride(-1) != 1 else "row"
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
            activation: str | None = None, residual: torch.Tensor | None = None,
            config: TileConfig | None = None) -> torch.Tensor:
@@ -164,7 +205,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     a: [M, K] or [batch, M, K]; b: [K, N] or [batch, K, N] (a 2-D operand is broadcast over
     the batch); any strides. bias: [N]. residual: broadcastable to C. fp16, bf16 or fp32
     (fp32 runs on tf32 tensor cores unless torch.backends.cuda.matmul.allow_tf32 is False).
-    With `config`, exactly that config runs, or an error names the rule it breaks.
+    With `config`, exactly that config runs, or an error names the rule it breaks. Without
+    it, the policy's top-1 for this problem on the local GPU runs (fp16 and bf16; chosen once
+    per problem, about 3 ms, plus about 0.5 s the first time per GPU and dtype); fp32, or a
+    missing checkpoint, takes `default_config`. $GNN_POLICY_CHECKPOINT names another
+    checkpoint, for example one that `gnn-policy finetune` adapted.
     """
     if config is not None and not isinstance(config, TileConfig):
         raise TypeError(f"matmul: config must be a gnn_policy.TileConfig, got {type(config).__name__}")
@@ -180,10 +225,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
         bias = bias.contiguous()
     if config is None:
         batch = out_shape[0] if len(out_shape) == 3 else 1
-        chosen = default_config(m, n, k, dtype, gpu, batch)
+        problem = GemmProblem(m, n, k, batch=batch, dtype=dtype, a_layout=_layout(a), b_layout=_layout(b),
+                              bias=bias is not None, activation=activation, residual=residual is not None)
+        chosen = policy_config(problem, gpu) or default_config(m, n, k, dtype, gpu, batch)
         try:
             return launch(a, b, chosen, bias=bias, activation=activation, residual=residual)
-        except LayoutError:  # the default may fall back; an explicit config never does
+        except LayoutError:  # a chosen config may fall back (pointer alignment); an explicit one never does
             chosen = dataclasses.replace(chosen, variant="ptr")
             return launch(a, b, chosen, bias=bias, activation=activation, residual=residual)
     found = violations(config, gpu, dtype, k)
