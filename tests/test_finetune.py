@@ -28,7 +28,8 @@ def ckpt(tmp_path):
 
 def _args(tmp_path, ckpt, **kw):
     base = dict(gpu="h200", budget="16", db=str(tmp_path / "m.sqlite"), checkpoint=str(ckpt),
-                output=str(tmp_path / "out"), problems=3, rounds=2, steps=2, runner="fake_runner:measure")
+                output=str(tmp_path / "out"), problems=3, rounds=2, steps=2, runner="fake_runner:measure",
+                wandb=False)
     return FinetuneArgs(**{**base, **kw})
 
 
@@ -79,8 +80,12 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
            "--output", str(tmp_path / "out")]
     refused = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--simulate" in refused.stderr
-    ran = subprocess.run(cmd + ["--simulate"], capture_output=True, text=True, timeout=300)
+    logs = tmp_path / "runs"
+    ran = subprocess.run(cmd + ["--simulate", "--log-dir", str(logs), "--tags", "method=plain"],
+                         capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr
+    record = b"".join(f.read_bytes() for f in logs.glob("wandb/offline-run-*/run-*.wandb"))
+    assert b"transfer-H100-SXM5-80GB" in record and b"method=plain" in record  # group and tags, offline
     assert json.loads(ran.stdout)["spent_measurements"] == 6 == _rows(tmp_path, "simulated")
     assert _rows(tmp_path, "real") == 0  # simulated rows never pass as real
     assert (tmp_path / "out" / "h100.simulated.pt").exists() and not (tmp_path / "out" / "h100.pt").exists()

@@ -53,6 +53,12 @@ class FinetuneArgs:
     seed: int = flag(0, "seed of problem choice, mutations and shuffling")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
+    snapshot: bool = flag(True, "load the shipped snapshot into --db first; off, the run adapts on its own "
+                                "measurements alone, as the transfer experiment's runs must")
+    log_dir: str = flag("runs/finetune", "folder of the offline W&B run")
+    group: str = flag("", "W&B group (default: transfer-<gpu>)")
+    tags: tuple[str, ...] = flag((), "W&B tags, e.g. method=meta budget=64 (repeatable)", action="append")
+    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
 
 
 @dataclasses.dataclass
@@ -114,8 +120,10 @@ def run(args: FinetuneArgs) -> dict:
     problems = select_problems(args.split, args.problems, args.seed)
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
+    tracker = _tracker(args, spec.name) if args.wandb else None
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
-        load_shipped(db)
+        if args.snapshot:
+            load_shipped(db)
         state = _resume_state(state_path, plan, db.high_water()[0])
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
         budget.spent_seconds = state["spent_seconds"]
@@ -131,13 +139,28 @@ def run(args: FinetuneArgs) -> dict:
             _save(policy, weights)
             state["round"] = rnd + 1
             _save_state(state_path, state, budget)
+            if tracker is not None:
+                tracker.log({"finetune/round": rnd + 1, "finetune/spent": db.count_since(spec.name, source, state["since"]),
+                             **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
         budget.spent_count = db.count_since(spec.name, source, state["since"])
     card = {"job": "finetune", "gpu": spec.name, "source": source, "checkpoint": weights.name,
             "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,
             "spent_seconds": round(budget.spent_seconds, 1), "problems": [p.key for p in problems],
             "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()}}
     _write_atomic(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
+    if tracker is not None:
+        tracker.summary.update({"finetune/spent": budget.spent_count, **{f"finetune/grad_norm_mean_{k}": v
+                                for k, v in card["grad_norm_mean"].items()}})
+        tracker.finish()
     return card
+
+
+def _tracker(args: FinetuneArgs, gpu: str):
+    """The run's offline W&B run, grouped by target GPU so the transfer dashboards line methods up."""
+    from training.tracking import wandb_run
+
+    return wandb_run(Path(args.log_dir), job_type="finetune", group=args.group or f"transfer-{gpu}",
+                     tags=args.tags, config=dataclasses.asdict(args))
 
 
 def _resume_state(path: Path, plan: dict, high_water: int) -> dict:
