@@ -1,0 +1,58 @@
+"""gnn-policy transfer: the whole protocol as a CPU dry run on analytic labels, and its refusals."""
+import csv
+import dataclasses
+
+import pytest
+import torch
+
+import hardware_specs
+from gnn_policy.database import Database
+from gnn_policy.model import ModelConfig, PolicyModel
+from training.transfer import TransferArgs, TransferError, measurements_to_reach, run
+
+L40S = hardware_specs.load("l40s")
+
+
+def _checkpoint(path, gpus, seed=0):
+    torch.manual_seed(seed)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=gpus))
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+    return str(path)
+
+
+def _args(tmp_path, **kw):
+    base = dict(target="l40s", plain=_checkpoint(tmp_path / "plain.pt", ("H200-SXM-141GB",)),
+                meta=_checkpoint(tmp_path / "meta.pt", ("H200-SXM-141GB", "A100-SXM4-80GB"), seed=1),
+                budgets="0,4", problems=2, tune_problems=2, rounds=1, steps=1, simulate=True,
+                db=str(tmp_path / "eval.sqlite"), work=str(tmp_path / "work"), out=str(tmp_path / "out"),
+                wandb=False)
+    return TransferArgs(**{**base, **kw})
+
+
+def test_a_simulated_transfer_reports_every_method_at_every_budget(tmp_path):
+    out = run(_args(tmp_path))
+    rows = list(csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
+    runs = {(r["method"], r["budget"]) for r in rows}
+    assert runs == {(m, b) for m in ("meta", "plain", "scratch") for b in ("0", "4")} | \
+        {("random", "4"), ("evolutionary", "4")} | {(m, "") for m in ("analytic", "triton_tutorial", "inductor_mm")}
+    assert len(rows) == 2 * len(runs) and out["problems"] == 2
+    assert all(0 < float(r["top1"]) <= float(r["top8"]) <= 1 + 1e-9 for r in rows)
+    # with analytic labels, best known is the analytic model's optimum, so its own top-1 is exact
+    assert all(float(r["top1"]) == 1.0 for r in rows if r["method"] == "analytic")
+    # each fine-tune learns from its own B measurements alone, in its own database
+    with Database(tmp_path / "work" / "meta-B4-s0.sqlite") as db:
+        assert db.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 4
+    assert (tmp_path / "out" / "transfer.png").stat().st_size > 0
+    assert "| meta |" in (tmp_path / "out" / "transfer.md").read_text()
+
+
+def test_a_checkpoint_that_saw_the_target_is_refused(tmp_path):
+    seen = _checkpoint(tmp_path / "seen.pt", ("L40S",))
+    with pytest.raises(TransferError, match=r"--plain .*seen.pt was trained on L40S, the held-out target"):
+        run(_args(tmp_path, plain=seen))
+
+
+def test_measurements_to_reach_takes_the_first_budget_that_gets_there():
+    table = {("scratch", 16): {"top1": 0.7}, ("scratch", 64): {"top1": 0.9}, ("scratch", 256): {"top1": 0.96}}
+    assert measurements_to_reach(table, "scratch", 0.9) == 64
+    assert measurements_to_reach(table, "scratch", 0.99) is None

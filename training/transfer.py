@@ -1,0 +1,323 @@
+"""`gnn-policy transfer --target h200`: how fast a policy adapts to a GPU it never saw.
+
+For each budget B (total measurements on the target) and seed:
+- `meta`, `plain`: the meta-pretrained and the plain checkpoint, both trained without the
+  target (refused otherwise), fine-tuned on the target's train-split problems with B
+  measurements (B = 0: as they are). Each fine-tune has its own database, so it learns from
+  its own B measurements alone, never from the snapshot.
+- `scratch`: a randomly initialised policy of the plain checkpoint's architecture,
+  fine-tuned the same way.
+- `random`, `evolutionary`: search without a prior, spending B measurements on *each* test
+  problem, more than the policies spend in all (B = 0: nothing found, not reported).
+Spec-only baselines, the same at every B:
+- `analytic`: the fitted analytic model's ranking (it must not have been fitted on the target);
+- `triton_tutorial`, `inductor_mm`: autotune over the whole list (16 and 20 measurements a
+  problem).
+Every policy's top 8 picks on every test problem are then measured in --db, which holds best
+known. top-1 is the first pick's TFLOP/s over best known, top-8 the best of the 8 (a search's
+or a list's best found counts as both), geomean over problems; a failed pick scores 0.01.
+With --simulate the analytic model gives every label and best known is its optimum over the
+valid space (so `analytic` is the oracle there): a dry run of the protocol on the CPU.
+
+Writes transfer.csv (one row per method, budget, seed and problem), transfer.md,
+transfer.png, and one offline W&B run per (method, budget, seed): job_type `transfer`, group
+`transfer-<target>`, tags method= budget= seed=, keys transfer/top1 and transfer/top8 and a
+wandb.Table. Resumable: fine-tunes resume, and stored measurements are not taken again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+from gnn_policy.args import flag
+from gnn_policy.database import DEFAULT_PATH
+
+FLOOR = 0.01
+CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+POLICIES = ("meta", "plain", "scratch")
+SEARCHES = ("random", "evolutionary")
+SPEC_ONLY = ("analytic", "triton_tutorial", "inductor_mm")
+
+
+class TransferError(RuntimeError):
+    """The experiment cannot be run as asked: a checkpoint or model that saw the target."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferArgs:
+    """Adapt meta, plain and from-scratch policies to a held-out GPU at several budgets; compare with baselines."""
+
+    target: str = flag(help="the held-out GPU: h200, or a slice of the local one (h200-sm48)")
+    plain: str = flag(help="plain pretrained checkpoint trained without the target (the shipped "
+                           "pretrained.pt saw the H200)")
+    budgets: str = flag("0,16,32,64,128,256", "total measurements on the target, comma-separated")
+    seeds: str = flag("0", "seeds, comma-separated (fine-tune choices, scratch weights, searches)")
+    meta: str = flag(str(CHECKPOINTS / "meta.pt"), "meta-pretrained checkpoint, trained without the target")
+    analytic: str = flag(str(CHECKPOINTS / "analytic.json"), "analytic model, fitted without the target")
+    db: str = flag(str(DEFAULT_PATH), "database holding best known on the target; evaluation picks are stored here")
+    problems: int = flag(0, "test problems measured on the target to evaluate on (0: all)")
+    tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on")
+    rounds: int = flag(4, "fine-tune rounds")
+    steps: int = flag(20, "gradient steps per fine-tune round")
+    simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")
+    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
+    work: str = flag("runs/transfer", "folder of the fine-tunes' databases, checkpoints and W&B runs")
+    out: str = flag("docs/data/transfer", "folder for transfer.csv, transfer.md and transfer.png")
+    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+
+
+def seen_gpus(path: str | Path) -> tuple[str, ...]:
+    """The GPUs a checkpoint has an embedding for: those it was trained on."""
+    import torch
+
+    return tuple(torch.load(path, weights_only=True, map_location="cpu")["model_config"]["gpu_names"])
+
+
+def check_held_out(args: TransferArgs, target: str) -> None:
+    import json
+
+    for name, path in (("--meta", args.meta), ("--plain", args.plain)):
+        if not Path(path).exists():
+            raise TransferError(f"{name} {path} does not exist")
+        if target in seen_gpus(path):
+            raise TransferError(f"{name} {path} was trained on {target}, the held-out target: pretrain "
+                                f"without it (e.g. gnn-policy pretrain --gpus h200-sm66 ... --out DIR)")
+    fitted = json.loads(Path(args.analytic).read_text()).get("gpu")
+    if fitted == target and not args.simulate:
+        raise TransferError(f"--analytic {args.analytic} was fitted on {target}, the held-out target: "
+                            "fit it on other GPUs' data")
+
+
+def run(args: TransferArgs) -> dict:
+    import contextlib
+
+    import torch
+    from tqdm import tqdm
+
+    import hardware_specs
+    from graphs.suite import SPLITS
+    from gnn_policy.collect import select_problems
+    from gnn_policy.database import Database
+    from gnn_policy.measure.compile import CompilePool
+    from gnn_policy.measure.simulator import SimulatedPool, load_fitted
+    from gnn_policy.measure.workers import WorkerPool
+    from gnn_policy.policy import Policy
+    from gnn_policy.search import Measurer
+    from gnn_policy.snapshot import load_shipped
+
+    spec = hardware_specs.load(args.target)
+    check_held_out(args, spec.name)
+    budgets = sorted(int(b) for b in args.budgets.split(","))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    analytic = load_fitted(args.analytic)
+    space_ = Policy.load(args.plain).model.space  # every method searches the space the policies rank
+    source = "simulated" if args.simulate else "real"
+    counts: dict = {"measured": 0}
+    rows: list[dict] = []
+    with Database(args.db) as db, contextlib.ExitStack() as stack:
+        load_shipped(db)
+        if args.simulate:
+            pool, compiler = SimulatedPool(analytic, spec), None
+            problems = select_problems("test", args.problems, seeds[0])
+        else:
+            pool = stack.enter_context(WorkerPool(args.runner, gpu=spec.name, timeout_s=args.timeout))
+            real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
+            compiler = stack.enter_context(CompilePool()) if real else None
+            problems = [p for p in db.problems(spec.name) if p.model in SPLITS["test"]]
+            problems = problems[:args.problems] if args.problems else problems
+        if not problems:
+            raise TransferError(f"no test-split problem is measured on {spec.name} in {args.db}: collect them first")
+        measure = Measurer(db, spec, pool, compiler, counts, source=source)
+        jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
+        jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
+        for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
+            picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
+            rows += [{"target": spec.name, "method": method, "budget": budget, "seed": seed, "problem": p.key,
+                      "picks": picks[p.key]} for p in problems]
+        best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
+    for r in rows:
+        values = r.pop("picks")
+        r["top1"] = _fraction(values[:1], best[r["problem"]])
+        r["top8"] = _fraction(values, best[r["problem"]])
+    report = write_report(rows, budgets, Path(args.out), spec.name, source)
+    if args.wandb:
+        _log_wandb(args, rows, spec.name)
+    return {"target": spec.name, "problems": len(problems), **counts, "report": report}
+
+
+def _fraction(values: list, best: float) -> float:
+    ok = [v for v in values if v is not None]
+    return round(max(FLOOR, max(ok) / best), 4) if ok else FLOOR
+
+
+def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
+    if source == "simulated":  # the label source's optimum over every valid config
+        from gnn_policy.search import valid_configs
+
+        return max(analytic.predict_tflops(problem, valid_configs(space_, spec, problem), spec))
+    return max(v for k, v in db.tflops(spec.name, problem.key).items() if k != "cublas")
+
+
+def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
+           analytic, space_) -> dict[str, list]:
+    """Problem key -> TFLOP/s of the method's picks (top-1 first; one value for a search or a list)."""
+    from gnn_policy.search import evolutionary_search, fixed_list, random_search, valid_configs
+    from gnn_policy.space import NAMED_LISTS
+
+    out = {}
+    policy = _adapted(args, method, budget, seed, spec) if method in POLICIES else None
+    for p in problems:
+        rng = random.Random(f"{seed}:{method}:{p.key}")
+        if policy is not None:
+            configs = [pick.config for pick in policy.top_k(p, spec, 8)]
+            out[p.key] = measure(p, configs)
+            continue
+        valid = valid_configs(space_, spec, p)
+        if method == "analytic":
+            scores = analytic.predict_tflops(p, valid, spec)
+            out[p.key] = measure(p, [valid[i] for i in sorted(range(len(valid)), key=lambda i: -scores[i])[:8]])
+            continue
+        if method == "random":
+            trace = random_search(valid, p, budget, measure, rng)
+        elif method == "evolutionary":
+            trace = evolutionary_search(valid, space_, p, budget, measure, rng)
+        else:
+            trace = fixed_list(NAMED_LISTS[method], spec, p, len(NAMED_LISTS[method]), measure)
+        found = [v for _, v in trace if v is not None]
+        out[p.key] = [max(found)] if found else [None]
+    return out
+
+
+def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec):
+    """The method's policy after fine-tuning on `budget` measurements of the target."""
+    from gnn_policy.policy import Policy
+    from training.finetune import FinetuneArgs, run as finetune
+
+    work = Path(args.work)
+    start = _scratch(Path(args.plain), work / f"scratch-s{seed}.pt", seed) if method == "scratch" else \
+        Path(args.meta if method == "meta" else args.plain)
+    if budget == 0:
+        return Policy.load(start)
+    name = f"{method}-B{budget}-s{seed}"
+    card = finetune(FinetuneArgs(
+        gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
+        output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
+        steps=args.steps, simulate=args.simulate, seed=seed, timeout=args.timeout, runner=args.runner,
+        snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
+        tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
+    return Policy.load(work / name / card["checkpoint"])
+
+
+def _scratch(plain: Path, path: Path, seed: int) -> Path:
+    """A randomly initialised policy with the plain checkpoint's architecture, saved once per seed."""
+    import torch
+
+    from gnn_policy.model import ModelConfig, PolicyModel
+
+    if not path.exists():
+        state = torch.load(plain, weights_only=True, map_location="cpu")
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in state["model_config"].items()}
+        torch.manual_seed(seed)
+        model = PolicyModel(ModelConfig(**fields))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+    return path
+
+
+def summary(rows: list[dict]) -> dict[tuple[str, int | None], dict[str, float]]:
+    """(method, budget) -> geomean top-1 and top-8 over problems, averaged over seeds."""
+    from gnn_policy.benchmarks.data_report import geomean
+
+    out = {}
+    for key in dict.fromkeys((r["method"], r["budget"]) for r in rows):
+        sel = [r for r in rows if (r["method"], r["budget"]) == key]
+        seeds = sorted({r["seed"] for r in sel})
+        out[key] = {m: sum(geomean([r[m] for r in sel if r["seed"] == s]) for s in seeds) / len(seeds)
+                    for m in ("top1", "top8")}
+    return out
+
+
+def measurements_to_reach(table: dict, method: str, goal: float, metric: str = "top1") -> int | None:
+    """The smallest budget at which `method` reaches `goal` (None: never within the budgets run)."""
+    reached = sorted(b for (m, b), v in table.items() if m == method and b is not None and v[metric] >= goal)
+    return reached[0] if reached else None
+
+
+def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, source: str) -> str:
+    import csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "transfer.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    table = summary(rows)
+    methods = list(dict.fromkeys(m for m, _ in table))
+    cell = lambda m, b, k: f"{table[m, b][k]:.3f}" if (m, b) in table else "-"  # noqa: E731
+    lines = [f"Transfer to {target} ({source} labels), geomean fraction of best known over "
+             f"{len({r['problem'] for r in rows})} test problems, top-1 / top-8, by budget B:", "",
+             "| method | " + " | ".join(f"B={b}" for b in budgets) + " | spec only |",
+             "|---|" + "---|" * (len(budgets) + 1)]
+    for m in methods:
+        lines.append(f"| {m} | " + " | ".join(f"{cell(m, b, 'top1')} / {cell(m, b, 'top8')}" for b in budgets)
+                     + f" | {cell(m, None, 'top1')} / {cell(m, None, 'top8')} |")
+    if ("meta", 64) in table and any(m == "scratch" for m, _ in table):
+        goal = table["meta", 64]["top1"]
+        need = measurements_to_reach(table, "scratch", goal)
+        lines += ["", f"meta at B=64 reaches top-1 {goal:.3f}; scratch reaches it at "
+                      + (f"B={need} ({need / 64:.1f}x the measurements)" if need else
+                         f"no budget up to {budgets[-1]} (more than {budgets[-1] / 64:.0f}x)")]
+    text = "\n".join(lines)
+    (out / "transfer.md").write_text(text + "\n")
+    _plot(table, budgets, out / "transfer.png", target, source)
+    return text
+
+
+def _plot(table: dict, budgets: list[int], path: Path, target: str, source: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, metric in zip(axes, ("top1", "top8")):
+        for i, method in enumerate(dict.fromkeys(m for m, _ in table)):
+            points = [(b, table[method, b][metric]) for b in budgets if (method, b) in table]
+            color = f"C{i}"
+            if (method, None) in table:
+                ax.axhline(table[method, None][metric], ls="--", color=color, lw=1, label=method)
+            elif points:
+                ax.plot(*zip(*points), marker="o", color=color, label=method, lw=2.2 if method == "meta" else 1.3)
+        ax.set_xscale("symlog", base=2, linthresh=16)  # B = 0 belongs on the axis
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
+        ax.set(xlabel="measurements on the target (B)", title=f"{metric}, {target} ({source})")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of best known (geomean)")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _log_wandb(args: TransferArgs, rows: list[dict], target: str) -> None:
+    import wandb
+
+    from gnn_policy.benchmarks.data_report import geomean
+    from training.tracking import wandb_run
+
+    for method, budget in dict.fromkeys((r["method"], r["budget"]) for r in rows):
+        for seed in sorted({r["seed"] for r in rows}):
+            sel = [r for r in rows if (r["method"], r["budget"], r["seed"]) == (method, budget, seed)]
+            if not sel:
+                continue
+            run = wandb_run(Path(args.work) / "wandb", job_type="transfer", group=f"transfer-{target}",
+                            tags=[f"method={method}", f"budget={budget}", f"seed={seed}"],
+                            config={**dataclasses.asdict(args), "method": method, "budget": budget, "seed": seed})
+            run.log({"transfer/budget": -1 if budget is None else budget,
+                     "transfer/top1": geomean([r["top1"] for r in sel]),
+                     "transfer/top8": geomean([r["top8"] for r in sel]),
+                     "transfer/problems": wandb.Table(columns=list(sel[0]), data=[list(r.values()) for r in sel])})
+            run.finish()
