@@ -43,7 +43,7 @@ def test_bench_measures_every_method_within_the_budget(tmp_path):
                         out=str(tmp_path / "bench"), shard_dir=str(tmp_path / "shards"), log_dir=str(tmp_path / "runs")))
     assert out["problems"] == 2 and out["measured"] > 0 and out["shard_rows"] == out["measured"]
     rows = list(csv.DictReader((tmp_path / "bench" / "bench.csv").open()))
-    methods = {"policy", "triton_tutorial", "inductor_mm", "seed", "random", "evolutionary"}
+    methods = {"policy", "triton_tutorial", "inductor_mm", "seed", "random", "evolutionary", "analytic"}
     assert {r["method"] for r in rows} == methods and len(rows) == 2 * len(methods) * 4
     for problem in {r["problem"] for r in rows}:
         for m in methods:

@@ -7,7 +7,9 @@ stored), in its own order:
 - `triton_tutorial`, `inductor_mm`, `seed`: the named lists in their order (what
   `triton.autotune` over them measures), valid configs only;
 - `random`: valid configs of the full space in a seeded random order;
-- `evolutionary`: the seed's loop without a prior (`gnn_policy.search`).
+- `evolutionary`: the seed's loop without a prior (`gnn_policy.search`);
+- `analytic`: the fitted analytic time model's ranking of the valid configs
+  (checkpoints/analytic.json), the baseline a learned policy has to beat.
 A method's figure at budget k is the best TFLOP/s among its first k measurements over best
 known (after the run, so the run's own finds count), geomean over problems; a method with no
 correct config yet scores 0.01. Writes a CSV, a markdown table, a PNG and an offline W&B run.
@@ -43,7 +45,7 @@ class BenchArgs:
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
 
 
-def traces(problem, gpu, policy, measure, budget: int, seed: int) -> dict[str, list]:
+def traces(problem, gpu, policy, measure, budget: int, seed: int, analytic) -> dict[str, list]:
     from gnn_policy.search import evolutionary_search, fixed_list, random_search, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
@@ -56,6 +58,9 @@ def traces(problem, gpu, policy, measure, budget: int, seed: int) -> dict[str, l
     out["random"] = random_search(valid, problem, budget, measure, random.Random(f"{seed}:random:{problem.key}"))
     out["evolutionary"] = evolutionary_search(valid, space_, problem, budget, measure,
                                               random.Random(f"{seed}:evo:{problem.key}"))
+    scores = analytic.predict_tflops(problem, valid, gpu)
+    ranked = [valid[i] for i in sorted(range(len(valid)), key=lambda i: -scores[i])[:budget]]
+    out["analytic"] = list(zip(ranked, measure(problem, ranked)))
     return out
 
 
@@ -79,6 +84,7 @@ def run(args: BenchArgs) -> dict:
     from gnn_policy.benchmarks.data_report import problem_class
     from gnn_policy.database import Database
     from gnn_policy.measure.result import CUBLAS
+    from gnn_policy.measure.simulator import load_fitted
     from gnn_policy.measure.workers import WorkerPool
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
     from gnn_policy.search import Measurer
@@ -87,6 +93,7 @@ def run(args: BenchArgs) -> dict:
     gpu = hardware_specs.resolve(args.gpu)
     budgets = sorted(int(b) for b in args.budgets.split(","))
     policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
+    analytic = load_fitted(DEFAULT_CHECKPOINT.parent / "analytic.json")
     counts: dict = {"measured": 0}
     rows = []
     with Database(args.db) as db:
@@ -98,7 +105,7 @@ def run(args: BenchArgs) -> dict:
         with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool, \
                 (CompilePool() if real else contextlib.nullcontext()) as compiler:
             measure = Measurer(db, gpu, pool, compiler, counts)
-            found = {p.key: traces(p, gpu, policy, measure, budgets[-1], args.seed)
+            found = {p.key: traces(p, gpu, policy, measure, budgets[-1], args.seed, analytic)
                      for p in tqdm(problems, desc=f"bench {gpu.name}", unit="problem")}
         for p in problems:
             best = db.best_known(gpu.name, p.key)[1]
