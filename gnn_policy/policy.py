@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,6 +24,16 @@ from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.space import TileConfig
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "pretrained.pt"
+
+
+def save_checkpoint(model: PolicyModel, path: str | Path) -> None:
+    """Write `model` in the format `Policy.load` reads (ModelConfig + state_dict, safe for
+    `torch.load(weights_only=True)`); written then renamed, so a kill leaves no half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, tmp)
+    os.replace(tmp, path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,7 +105,7 @@ def run(args: FinetuneArgs) -> dict:
     import hardware_specs
     from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
-    from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
+    from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy, save_checkpoint
     from gnn_policy.snapshot import load_shipped
 
     spec = hardware_specs.load(args.gpu)
@@ -136,7 +136,7 @@ def run(args: FinetuneArgs) -> dict:
                                       lambda: _save_state(state_path, state, budget), state["since"], rnd)
             _adapt(policy, problems, spec, db, source, measured, optimiser, args.steps, norms)
             out.mkdir(parents=True, exist_ok=True)
-            _save(policy, weights)
+            save_checkpoint(policy.model, weights)
             state["round"] = rnd + 1
             _save_state(state_path, state, budget)
             if tracker is not None:
@@ -324,11 +324,3 @@ def _adapt(policy, problems, spec, db, source: str, measured: dict, optimiser, s
         (pg_total + sl_total).backward()
         optimiser.step()
     model.eval()
-
-
-def _save(policy, path: Path) -> None:
-    import torch
-
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"model_config": dataclasses.asdict(policy.model.cfg), "state_dict": policy.model.state_dict()}, tmp)
-    os.replace(tmp, path)

@@ -53,6 +53,7 @@ def run(args: PretrainArgs) -> dict:
     from hardware_specs.features import GpuVocab
     from graphs.suite import SPLITS
     from gnn_policy.model import ModelConfig
+    from gnn_policy.policy import save_checkpoint
     from gnn_policy.snapshot import SHIPPED
     from gnn_policy.space import space
     from training.datamodule import MeasurementDataModule
@@ -76,9 +77,7 @@ def run(args: PretrainArgs) -> dict:
     start = time.time()
     trainer.fit(module, datamodule=data)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save({"model_config": dataclasses.asdict(model_config), "state_dict": module.model.state_dict()},
-               out / "pretrained.pt")
+    save_checkpoint(module.model, out / "pretrained.pt")
     card = {
         "checkpoint": "pretrained.pt", "job": "pretrain", "args": dataclasses.asdict(args),
         "model_config": dataclasses.asdict(model_config), "gpus": list(args.gpus),

@@ -214,15 +214,13 @@ def _scratch(plain: Path, path: Path, seed: int) -> Path:
     """A randomly initialised policy with the plain checkpoint's architecture, saved once per seed."""
     import torch
 
-    from gnn_policy.model import ModelConfig, PolicyModel
+    from gnn_policy.model import PolicyModel
+    from gnn_policy.policy import Policy, save_checkpoint
 
     if not path.exists():
-        state = torch.load(plain, weights_only=True, map_location="cpu")
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in state["model_config"].items()}
+        config = Policy.load(plain).model.cfg
         torch.manual_seed(seed)
-        model = PolicyModel(ModelConfig(**fields))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+        save_checkpoint(PolicyModel(config), path)
     return path
 
 
