@@ -16,7 +16,9 @@ from gnn_policy.tune import TuneArgs
 from training.bench import BenchArgs
 from training.finetune import FinetuneArgs, FinetuneError
 from training.imported import ImportedArgs
+from training.meta_pretrain import MetaPretrainArgs
 from training.pretrain import PretrainArgs
+from training.transfer import TransferArgs, TransferError
 from gnn_policy.database import DEFAULT_PATH, DatabaseError
 
 
@@ -166,6 +168,19 @@ def run_pretrain(args: PretrainArgs) -> int:
     return 0
 
 
+def run_meta_pretrain(args: MetaPretrainArgs) -> int:
+    from training.meta_pretrain import run
+    from training.tasks import TaskError
+
+    try:
+        card = run(args)
+    except TaskError as exc:  # defined beside the tasks, which import torch: caught here, not in main
+        print(f"gnn-policy meta-pretrain: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(card["metrics"], indent=1))
+    return 0
+
+
 def run_bench(args: BenchArgs) -> int:
     from training.bench import run
 
@@ -179,6 +194,15 @@ def run_finetune(args: FinetuneArgs) -> int:
     from training.finetune import run
 
     print(json.dumps(run(args), indent=1))
+    return 0
+
+
+def run_transfer(args: TransferArgs) -> int:
+    from training.transfer import run
+
+    out = run(args)
+    print(out.pop("report"))
+    print(json.dumps(out, sort_keys=True))
     return 0
 
 
@@ -201,9 +225,11 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "collect": (CollectArgs, run_collect),
     "confirm": (ConfirmArgs, run_confirm),
     "pretrain": (PretrainArgs, run_pretrain),
+    "meta-pretrain": (MetaPretrainArgs, run_meta_pretrain),
     "tune": (TuneArgs, run_tune),
     "bench": (BenchArgs, run_bench),
     "finetune": (FinetuneArgs, run_finetune),
+    "transfer": (TransferArgs, run_transfer),
     "specs": (SpecsArgs, run_specs),
     "demo": (DemoArgs, run_demo),
     "stats": (StatsArgs, run_stats),
@@ -229,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, args = parse(argv)
     try:
         return COMMANDS[name][1](args)
-    except (hardware_specs.SpecError, DatabaseError, FileNotFoundError, FinetuneError) as exc:
+    except (hardware_specs.SpecError, DatabaseError, FileNotFoundError, FinetuneError,
+            TransferError) as exc:
         print(f"gnn-policy {name}: {exc}", file=sys.stderr)
         return 2
 

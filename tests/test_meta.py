@@ -1,0 +1,132 @@
+"""Meta-pretraining (Reptile over GPU tasks) on small simulated tasks on the CPU: the outer step
+is exact, a tiny seeded run ships a loadable checkpoint without the held-out GPU, adaptation
+from the meta weights lowers a task's loss, and bad GPU lists are clear errors."""
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+import hardware_specs
+from graphs.suite import split
+from gnn_policy.collect import select_problems
+from gnn_policy.database import Database
+from gnn_policy.measure.result import Measurement
+from gnn_policy.measure.simulator import load_fitted
+from gnn_policy.model import ModelConfig
+from gnn_policy.policy import Policy
+from gnn_policy.search import valid_configs
+from gnn_policy.space import space
+from hardware_specs.features import GpuVocab
+from training import meta
+from training.meta import ReptileConfig, ReptileModule, inner_optimizer, inner_steps, score
+from training.meta_data import MetaDataModule, Step
+from training.meta_pretrain import ANALYTIC, MetaPretrainArgs, run
+from training.dataset import collate
+from training.objective import LossWeights
+from training.tasks import Simulation, TaskError, build_tasks, held_out
+
+H200 = hardware_specs.load("h200")
+SLICE = hardware_specs.load("h200-sm66")
+SIM = Simulation(load_fitted(ANALYTIC), space("full"), configs=8, seed=0)
+
+
+def _real_rows(path, gpus=(H200, SLICE)):
+    """Made-up real measurements of three train-family problems on each GPU."""
+    rng = random.Random(0)
+    problems = [p for p in split("train") if p.dtype == "bf16"][:3]
+    with Database(path) as db:
+        for gpu in gpus:
+            for p in problems:
+                configs = rng.sample(valid_configs(space("full"), gpu, p), 6)
+                db.add((Measurement(gpu.name, p.key, c.key, "ok", median_ms=1.0, tflops=10 + rng.random() * 90), p, c)
+                       for c in configs)
+
+
+def test_one_outer_step_is_meta_plus_epsilon_times_the_displacement(monkeypatch):
+    pl.seed_everything(0)
+    tasks = build_tasks(("h200",), ("a100", "l4"), SIM, select_problems("train", 6, 0))
+    cfg = ModelConfig(hidden=8, layers=1, gpu_names=tuple(t.gpu for t in tasks))
+    data = MetaDataModule(tasks, [], SIM.space, GpuVocab(cfg.gpu_names), steps_per_epoch=1, inner_steps=3,
+                          batch_size=2, seed=0)
+    module = ReptileModule(cfg, ReptileConfig(inner_steps=3, epsilon=0.3, meta_steps=1))
+    start = [p.detach().clone() for p in module.model.parameters()]
+    seen = {}
+
+    def recording(params, meta_, epsilon):
+        seen.update(adapted=[p.detach().clone() for p in params], meta=[m.clone() for m in meta_], epsilon=epsilon)
+        return real(params, meta_, epsilon)
+
+    real = meta.reptile_update
+    monkeypatch.setattr(meta, "reptile_update", recording)
+    pl.Trainer(max_epochs=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False).fit(module, datamodule=data)
+    assert seen["epsilon"] == 0.3
+    assert all(torch.equal(m, s) for m, s in zip(seen["meta"], start))  # the meta weights are those before the step
+    assert any(not torch.equal(a, m) for a, m in zip(seen["adapted"], seen["meta"]))  # the inner steps moved
+    for p, a, m in zip(module.model.parameters(), seen["adapted"], seen["meta"]):
+        assert torch.equal(p.detach(), m + 0.3 * (a - m))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("meta")
+    _real_rows(tmp / "m.sqlite")
+    args = MetaPretrainArgs(db=str(tmp / "m.sqlite"), simulate=("a100", "l4", "h200"), problems=6, configs=8,
+                            val_problems=4, epochs=2, steps_per_epoch=2, inner_steps=2, batch_size=2, hidden=16,
+                            layers=1, out=str(tmp / "ckpt"), log_dir=str(tmp / "runs"), wandb=False)
+    with pytest.warns(UserWarning, match="fitted on H200-SXM-141GB, which is held out"):
+        card = run(args)
+    return tmp, card
+
+
+def test_a_tiny_run_ships_a_loadable_checkpoint_without_the_held_out_gpu(tiny_run):
+    tmp, card = tiny_run
+    by_gpu = {t["gpu"]: t for t in card["tasks"]}
+    # the slice's real rows replace its simulation; the imported GPUs come with their demonstrations
+    assert by_gpu[SLICE.name]["source"] == "real" and by_gpu[SLICE.name]["problems"] == 3
+    assert by_gpu["A100-SXM4-80GB"]["source"] == "simulated" and by_gpu["A100-SXM4-80GB"]["demonstrations"] > 0
+    assert by_gpu["MI300X"]["source"] == "none" and by_gpu["MI300X"]["demonstrations"] > 0
+    assert by_gpu["L4"] == {"gpu": "L4", "source": "simulated", "problems": 6, "configs": 48, "demonstrations": 0}
+    assert card["hold_out"] == [H200.name] and H200.name not in by_gpu
+    assert H200.name not in card["model_config"]["gpu_names"]
+    assert card["meta_steps_run"] == 4 and card["algorithm"]["name"] == "reptile"
+    assert {"train/meta_loss", "train/inner_loss_first", "train/inner_loss_last", "val/adaptation_gain",
+            "val/top1_after", "val/loss_before_at_start"} <= set(card["metrics"])
+    policy = Policy.load(tmp / "ckpt" / "meta.pt")
+    assert policy.top_k(split("test")[0], H200, k=2)
+    assert json.loads((tmp / "ckpt" / "meta.card.json").read_text())["metrics"] == card["metrics"]
+    csv = next((tmp / "runs" / "csv").rglob("metrics.csv")).read_text()
+    assert "train/meta_loss" in csv and "val/adaptation_gain" in csv
+
+
+def test_inner_steps_from_the_meta_weights_lower_a_new_gpus_loss(tiny_run):
+    tmp, _ = tiny_run
+    torch.manual_seed(0)
+    model = Policy.load(tmp / "ckpt" / "meta.pt").model.train()
+    (held,) = held_out(("h200",), SIM, select_problems("train", 4, 1), [])
+    vocab = GpuVocab(model.cfg.gpu_names)
+    task = Step(collate(held.support, SIM.space, vocab), None)
+    weights = LossWeights()
+    before = score(model, task, weights)["loss"]
+    inner_steps(model, [task] * 5, inner_optimizer(model.parameters(), ReptileConfig()), torch.Tensor.backward, weights)
+    assert score(model, task, weights)["loss"] < before - 0.05
+
+
+def test_unknown_gpus_and_an_empty_task_list_are_clear_errors(tmp_path):
+    problems = select_problems("train", 2, 0)
+    with pytest.raises(hardware_specs.SpecError, match="--hold-out: unknown GPU 'h300'"):
+        build_tasks(("h300",), ("a100",), SIM, problems)
+    with pytest.raises(hardware_specs.SpecError, match="--simulate: unknown GPU 'a1000'"):
+        build_tasks(("h200",), ("a100", "a1000"), SIM, problems)
+    with pytest.raises(TaskError, match=r"no task is left after the hold-out \(A100-SXM4-80GB\)"):
+        build_tasks(("a100",), ("A100-SXM4-80GB",), SIM, problems)
+    with pytest.raises(TaskError, match="hold out at least one GPU"):
+        held_out((), SIM, problems, problems)
+    out = subprocess.run([sys.executable, "-m", "gnn_policy.cli", "meta-pretrain", "--db", str(tmp_path / "m.sqlite"),
+                          "--simulate", "a100", "--hold-out", "a100", "--imitation-weight", "0", "--no-wandb"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "gnn-policy meta-pretrain: no task is left after the hold-out" in out.stderr
