@@ -130,3 +130,31 @@ def test_unknown_gpus_and_an_empty_task_list_are_clear_errors(tmp_path):
                           "--simulate", "a100", "--hold-out", "a100", "--imitation-weight", "0", "--no-wandb"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "gnn-policy meta-pretrain: no task is left after the hold-out" in out.stderr
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_plain_mode_keeps_one_adam_and_takes_no_reptile_step(plain):
+    pl.seed_everything(0)
+    tasks = build_tasks(("h200",), ("a100", "l4"), SIM, select_problems("train", 6, 0))
+    cfg = ModelConfig(hidden=8, layers=1, gpu_names=tuple(t.gpu for t in tasks))
+    data = MetaDataModule(tasks, [], SIM.space, GpuVocab(cfg.gpu_names), steps_per_epoch=3, inner_steps=2,
+                          batch_size=2, seed=0)
+    reptile = ReptileConfig(inner_steps=2, epsilon=1.0, epsilon_end=1.0, fresh_inner=False) if plain else \
+        ReptileConfig(inner_steps=2, epsilon=0.5, meta_steps=3)
+    module = ReptileModule(cfg, reptile)
+    trainer = pl.Trainer(max_epochs=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=data)
+    steps = {int(s["step"]) for s in trainer.optimizers[0].state.values()}
+    assert steps == ({6} if plain else {2})  # 3 tasks x 2 steps on one Adam, or a fresh Adam per task
+
+
+def test_the_cli_writes_the_plain_comparator_beside_the_meta_checkpoint(tmp_path):
+    card = run(MetaPretrainArgs(db=str(tmp_path / "m.sqlite"), simulate=("a100", "h200"), problems=2, configs=4,
+                                val_problems=2, epochs=1, steps_per_epoch=1, inner_steps=1, batch_size=2, hidden=8,
+                                layers=1, imitation_weight=0, out=str(tmp_path / "ckpt"),
+                                log_dir=str(tmp_path / "runs"), wandb=False, plain=True))
+    assert card["checkpoint"] == "plain.pt" and card["algorithm"]["name"] == "plain multi-task"
+    assert card["algorithm"]["epsilon"] == card["algorithm"]["epsilon_end"] == 1.0
+    assert Policy.load(tmp_path / "ckpt" / "plain.pt") and (tmp_path / "ckpt" / "plain.card.json").exists()
+    assert not (tmp_path / "ckpt" / "meta.pt").exists()

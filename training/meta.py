@@ -47,6 +47,7 @@ class ReptileConfig:
     epsilon: float = 1.0  # outer step size at the first meta-step ...
     epsilon_end: float = 0.1  # ... annealed linearly to this at the last
     meta_steps: int = 1000  # the length of the ε schedule
+    fresh_inner: bool = True  # False, with ε = 1: plain multi-task training, one Adam throughout
 
 
 def inner_optimizer(params: Iterable[torch.nn.Parameter], cfg: ReptileConfig) -> torch.optim.Optimizer:
@@ -101,7 +102,8 @@ class ReptileModule(pl.LightningModule):
         params = list(self.model.parameters())
         meta = [p.detach().clone() for p in params]
         optimizer = self.optimizers()
-        optimizer.optimizer.state.clear()  # a fresh Adam for every task
+        if self.reptile.fresh_inner:
+            optimizer.optimizer.state.clear()  # a fresh Adam for every task
         losses = inner_steps(self.model, task.inner, optimizer, self.manual_backward, self.weights)
         after = score(self.model, task.query, self.weights)
         reptile_update(params, meta, epsilon)

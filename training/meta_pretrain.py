@@ -66,12 +66,14 @@ class MetaPretrainArgs:
     layers: int = flag(3, "GINEConv layers")
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)")
     seed: int = flag(0, "seed of weights, simulated configs, task draws and GPU-embedding dropout")
-    out: str = flag("checkpoints", "folder for meta.pt and meta.card.json")
+    out: str = flag("checkpoints", "folder for meta.pt (or plain.pt) and its card")
     log_dir: str = flag("runs/meta-pretrain", "folder for the CSV metrics and the offline W&B run")
     group: str = flag("meta-pretrain", "W&B group")
     tags: tuple[str, ...] = flag((), "W&B tags (repeatable)", action="append")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
     max_minutes: float = flag(12.0, "stop meta-training after this many minutes")
+    plain: bool = flag(False, "train plainly on the same tasks instead (one Adam throughout, no Reptile step, "
+                              "ε ignored): the transfer experiment's plain comparator, written as plain.pt")
 
 
 def run(args: MetaPretrainArgs) -> dict:
@@ -94,8 +96,12 @@ def run(args: MetaPretrainArgs) -> dict:
     tasks, held, space_, fitted_on = _tasks(args)
     data_seconds = time.time() - start
     model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=tuple(t.gpu for t in tasks))
-    reptile = ReptileConfig(inner_steps=args.inner_steps, inner_lr=args.inner_lr, epsilon=args.epsilon,
-                            epsilon_end=args.epsilon_end, meta_steps=args.epochs * args.steps_per_epoch)
+    # θ + 1·(θ' − θ) = θ': with one optimiser kept across tasks, that is ordinary training
+    reptile = ReptileConfig(inner_steps=args.inner_steps, inner_lr=args.inner_lr,
+                            epsilon=1.0 if args.plain else args.epsilon,
+                            epsilon_end=1.0 if args.plain else args.epsilon_end,
+                            meta_steps=args.epochs * args.steps_per_epoch, fresh_inner=not args.plain)
+    name = "plain" if args.plain else "meta"
     data = MetaDataModule(tasks, held, space_, GpuVocab(model_config.gpu_names), steps_per_epoch=args.steps_per_epoch,
                           inner_steps=args.inner_steps, batch_size=args.batch_size, seed=args.seed)
     module = ReptileModule(model_config, reptile, LossWeights(temperature=args.temperature,
@@ -113,12 +119,13 @@ def run(args: MetaPretrainArgs) -> dict:
     train_metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
     val_end = trainer.validate(module, datamodule=data, verbose=False)[0]
     out = Path(args.out)
-    save_checkpoint(module.model, out / "meta.pt")
+    save_checkpoint(module.model, out / f"{name}.pt")
     card = {
-        "checkpoint": "meta.pt", "job": "meta-pretrain", "args": dataclasses.asdict(args),
+        "checkpoint": f"{name}.pt", "job": "meta-pretrain", "args": dataclasses.asdict(args),
         "model_config": dataclasses.asdict(model_config),
-        "algorithm": {"name": "reptile", "first_order": True, **dataclasses.asdict(reptile),
-                      "inner_optimizer": "Adam, fresh for every task", "tasks_per_meta_step": 1,
+        "algorithm": {"name": "plain multi-task" if args.plain else "reptile", "first_order": True,
+                      **dataclasses.asdict(reptile), "tasks_per_meta_step": 1,
+                      "inner_optimizer": "Adam, one throughout" if args.plain else "Adam, fresh for every task",
                       "loss_weights": dataclasses.asdict(module.weights)},
         "tasks": [t.card() for t in tasks], "hold_out": [h.gpu for h in held],
         "snapshot": sorted(p.name for p in SHIPPED.glob("*.jsonl.gz")),
@@ -134,7 +141,7 @@ def run(args: MetaPretrainArgs) -> dict:
                      "pytorch_lightning": pl.__version__},
         "cpu_threads": torch.get_num_threads(),  # the wall times above depend on it
     }
-    (out / "meta.card.json").write_text(json.dumps(card, indent=1) + "\n")
+    (out / f"{name}.card.json").write_text(json.dumps(card, indent=1) + "\n")
     return card
 
 
