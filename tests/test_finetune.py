@@ -65,6 +65,13 @@ def test_a_count_budget_is_spent_exactly_never_more(tmp_path, ckpt, monkeypatch)
     assert (tmp_path / "out" / "h200.pt").exists() and card["grad_norm_mean"]["supervised"] > 0
 
 
+def test_no_snapshot_refuses_a_database_with_earlier_rows_of_the_gpu(tmp_path, ckpt):
+    run(_args(tmp_path, ckpt, gpu="h100", simulate=True, budget="2", rounds=1, output=str(tmp_path / "a")))
+    with pytest.raises(FinetuneError, match="--no-snapshot: .* already holds 2 simulated rows of H100-SXM5-80GB"):
+        run(_args(tmp_path, ckpt, gpu="h100", simulate=True, budget="2", rounds=1, snapshot=False,
+                  output=str(tmp_path / "b")))
+
+
 def test_the_wrong_gpu_is_refused_with_a_way_out():
     with pytest.raises(FinetuneError, match="does not match this machine's H200-SXM-141GB.*--simulate"):
         check_gpu(hardware_specs.load("h100"), H200, simulate=False)

@@ -8,7 +8,7 @@ import torch
 import hardware_specs
 from gnn_policy.database import Database
 from gnn_policy.model import ModelConfig, PolicyModel
-from training.transfer import TransferArgs, TransferError, measurements_to_reach, run
+from training.transfer import TransferArgs, TransferError, check_held_out, measurements_to_reach, run
 
 L40S = hardware_specs.load("l40s")
 
@@ -39,6 +39,8 @@ def test_a_simulated_transfer_reports_every_method_at_every_budget(tmp_path):
     assert all(0 < float(r["top1"]) <= float(r["top8"]) <= 1 + 1e-9 for r in rows)
     # with analytic labels, best known is the analytic model's optimum, so its own top-1 is exact
     assert all(float(r["top1"]) == 1.0 for r in rows if r["method"] == "analytic")
+    # the simulated evaluation has a database of its own, never --db
+    assert not (tmp_path / "eval.sqlite").exists() and list((tmp_path / "work").glob("simulated-*.sqlite"))
     # each fine-tune learns from its own B measurements alone, in its own database
     with Database(tmp_path / "work" / "meta-B4-s0.sqlite") as db:
         assert db.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 4
@@ -52,7 +54,19 @@ def test_a_checkpoint_that_saw_the_target_is_refused(tmp_path):
         run(_args(tmp_path, plain=seen))
 
 
+def test_a_checkpoint_taught_by_a_simulator_fitted_on_the_target_is_refused(tmp_path):
+    import json
+
+    args = _args(tmp_path, target="h200", simulate=False, meta=_checkpoint(tmp_path / "m.pt", ("L40S",)),
+                 plain=_checkpoint(tmp_path / "p.pt", ("L40S",)))
+    (tmp_path / "m.card.json").write_text(json.dumps({"simulator": {"fitted_on": "H200-SXM-141GB"}}))
+    with pytest.raises(TransferError, match=r"--meta .*analytic model fitted on H200-SXM-141GB"):
+        check_held_out(args, "H200-SXM-141GB")
+
+
 def test_measurements_to_reach_takes_the_first_budget_that_gets_there():
-    table = {("scratch", 16): {"top1": 0.7}, ("scratch", 64): {"top1": 0.9}, ("scratch", 256): {"top1": 0.96}}
+    table = {("scratch", 0): {"top1": 0.5}, ("scratch", 16): {"top1": 0.7}, ("scratch", 64): {"top1": 0.9},
+             ("scratch", 256): {"top1": 0.96}}
+    assert measurements_to_reach(table, "scratch", 0.5) == 0
     assert measurements_to_reach(table, "scratch", 0.9) == 64
     assert measurements_to_reach(table, "scratch", 0.99) is None

@@ -50,11 +50,13 @@ class FinetuneArgs:
     steps: int = flag(20, "gradient steps after each round")
     lr: float = flag(3e-4, "learning rate of the adaptation")
     simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
+    analytic: str = flag("", "the fitted analytic model --simulate measures with (default: checkpoints/analytic.json)")
     seed: int = flag(0, "seed of problem choice, mutations and shuffling")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
     snapshot: bool = flag(True, "load the shipped snapshot into --db first; off, the run adapts on its own "
-                                "measurements alone, as the transfer experiment's runs must")
+                                "measurements alone, as the transfer experiment's runs must (--db must then "
+                                "hold no earlier rows of this GPU)")
     log_dir: str = flag("runs/finetune", "folder of the offline W&B run")
     group: str = flag("", "W&B group (default: transfer-<gpu>)")
     tags: tuple[str, ...] = flag((), "W&B tags, e.g. method=meta budget=64 (repeatable)", action="append")
@@ -116,15 +118,20 @@ def run(args: FinetuneArgs) -> dict:
     out = Path(args.output)
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
-    plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed")}
+    plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
+                                          "lr", "snapshot", "analytic")}
     problems = select_problems(args.split, args.problems, args.seed)
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
-    tracker = _tracker(args, spec.name) if args.wandb else None
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
         if args.snapshot:
             load_shipped(db)
         state = _resume_state(state_path, plan, db.high_water()[0])
+        earlier = db.count_since(spec.name, source, 0) - db.count_since(spec.name, source, state["since"])
+        if not args.snapshot and earlier:
+            raise FinetuneError(f"--no-snapshot: {args.db} already holds {earlier} {source} rows of {spec.name}, "
+                                "which the run would learn from: give it a new --db")
+        tracker = _tracker(args, spec.name) if args.wandb else None  # after the refusals: no dangling run
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
         budget.spent_seconds = state["spent_seconds"]
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
@@ -206,7 +213,8 @@ class _measurer:
 
         self.stack = contextlib.ExitStack()
         if self.source == "simulated":
-            pool = SimulatedPool(load_fitted(DEFAULT_CHECKPOINT.parent / "analytic.json"), self.spec)
+            pool = SimulatedPool(load_fitted(self.args.analytic or DEFAULT_CHECKPOINT.parent / "analytic.json"),
+                                 self.spec)
             compiler = None
         else:
             pool = self.stack.enter_context(WorkerPool(self.args.runner, gpu=self.spec.name,

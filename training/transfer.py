@@ -55,7 +55,8 @@ class TransferArgs:
     seeds: str = flag("0", "seeds, comma-separated (fine-tune choices, scratch weights, searches)")
     meta: str = flag(str(CHECKPOINTS / "meta.pt"), "meta-pretrained checkpoint, trained without the target")
     analytic: str = flag(str(CHECKPOINTS / "analytic.json"), "analytic model, fitted without the target")
-    db: str = flag(str(DEFAULT_PATH), "database holding best known on the target; evaluation picks are stored here")
+    db: str = flag(str(DEFAULT_PATH), "database holding best known on the target; evaluation picks are stored "
+                                      "here (--simulate uses a database of its own under --work)")
     problems: int = flag(0, "test problems measured on the target to evaluate on (0: all)")
     tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on")
     rounds: int = flag(4, "fine-tune rounds")
@@ -84,6 +85,11 @@ def check_held_out(args: TransferArgs, target: str) -> None:
         if target in seen_gpus(path):
             raise TransferError(f"{name} {path} was trained on {target}, the held-out target: pretrain "
                                 f"without it (e.g. gnn-policy pretrain --gpus h200-sm66 ... --out DIR)")
+        card = Path(path).with_suffix(".card.json")  # meta.pt -> meta.card.json
+        simulator = json.loads(card.read_text()).get("simulator", {}) if card.exists() else {}
+        if simulator.get("fitted_on") == target and not args.simulate:
+            raise TransferError(f"{name} {path} learned from simulated labels of an analytic model fitted on "
+                                f"{target}, the held-out target ({card}): refit the model without it and pretrain again")
     fitted = json.loads(Path(args.analytic).read_text()).get("gpu")
     if fitted == target and not args.simulate:
         raise TransferError(f"--analytic {args.analytic} was fitted on {target}, the held-out target: "
@@ -116,7 +122,7 @@ def run(args: TransferArgs) -> dict:
     source = "simulated" if args.simulate else "real"
     counts: dict = {"measured": 0}
     rows: list[dict] = []
-    with Database(args.db) as db, contextlib.ExitStack() as stack:
+    with Database(_evaluation_db(args)) as db, contextlib.ExitStack() as stack:
         load_shipped(db)
         if args.simulate:
             pool, compiler = SimulatedPool(analytic, spec), None
@@ -125,7 +131,8 @@ def run(args: TransferArgs) -> dict:
             pool = stack.enter_context(WorkerPool(args.runner, gpu=spec.name, timeout_s=args.timeout))
             real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
             compiler = stack.enter_context(CompilePool()) if real else None
-            problems = [p for p in db.problems(spec.name) if p.model in SPLITS["test"]]
+            problems = [p for p in db.problems(spec.name) if p.model in SPLITS["test"]
+                        and db.best_known(spec.name, p.key)]  # a best known Triton config to compare with
             problems = problems[:args.problems] if args.problems else problems
         if not problems:
             raise TransferError(f"no test-split problem is measured on {spec.name} in {args.db}: collect them first")
@@ -145,6 +152,17 @@ def run(args: TransferArgs) -> dict:
     if args.wandb:
         _log_wandb(args, rows, spec.name)
     return {"target": spec.name, "problems": len(problems), **counts, "report": report}
+
+
+def _evaluation_db(args: TransferArgs) -> Path:
+    """--db; under --simulate a database of the analytic model's own (one per model file), so
+    neither simulated rows of another model nor the real database enter the comparison."""
+    if not args.simulate:
+        return Path(args.db)
+    import hashlib
+
+    digest = hashlib.sha256(Path(args.analytic).read_bytes()).hexdigest()[:12]
+    return Path(args.work) / f"simulated-{digest}.sqlite"
 
 
 def _fraction(values: list, best: float) -> float:
@@ -204,7 +222,8 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec):
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
         output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
-        steps=args.steps, simulate=args.simulate, seed=seed, timeout=args.timeout, runner=args.runner,
+        steps=args.steps, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
+        runner=args.runner,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
         tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
     return Policy.load(work / name / card["checkpoint"])
@@ -265,7 +284,7 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
         goal = table["meta", 64]["top1"]
         need = measurements_to_reach(table, "scratch", goal)
         lines += ["", f"meta at B=64 reaches top-1 {goal:.3f}; scratch reaches it at "
-                      + (f"B={need} ({need / 64:.1f}x the measurements)" if need else
+                      + (f"B={need} ({need / 64:.1f}x the measurements)" if need is not None else
                          f"no budget up to {budgets[-1]} (more than {budgets[-1] / 64:.0f}x)")]
     text = "\n".join(lines)
     (out / "transfer.md").write_text(text + "\n")
