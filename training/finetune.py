@@ -131,7 +131,8 @@ def run(args: FinetuneArgs) -> dict:
         if not args.snapshot and earlier:
             raise FinetuneError(f"--no-snapshot: {args.db} already holds {earlier} {source} rows of {spec.name}, "
                                 "which the run would learn from: give it a new --db")
-        tracker = _tracker(args, spec.name) if args.wandb else None  # after the refusals: no dangling run
+        # after the refusals, and only with rounds left: a finished run re-entered logs no second run
+        tracker = _tracker(args, spec.name) if args.wandb and state["round"] < args.rounds else None
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
         budget.spent_seconds = state["spent_seconds"]
         # a resumed run continues from its own adapted weights, not from the starting checkpoint

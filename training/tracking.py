@@ -29,11 +29,13 @@ def loggers(save_dir: Path, *, job_type: str, group: str, tags: Sequence[str], c
     return out
 
 
-def wandb_run(save_dir: Path, *, job_type: str, group: str, tags: Sequence[str], config: dict):
-    """A W&B run for a job without a Trainer (bench): same project, offline by default."""
+def wandb_run(save_dir: Path, *, job_type: str, group: str, tags: Sequence[str], config: dict,
+              run_id: str | None = None):
+    """A W&B run for a job without a Trainer (bench): same project, offline by default. A
+    `run_id` names the run, so logging it again updates that run instead of adding one."""
     _offline_by_default()
     import wandb
 
     save_dir.mkdir(parents=True, exist_ok=True)
     return wandb.init(project="gnn-policy", job_type=job_type, group=group, tags=list(tags), config=config,
-                      dir=str(save_dir))
+                      dir=str(save_dir), id=run_id, resume="allow" if run_id else None)

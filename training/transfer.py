@@ -332,7 +332,8 @@ def _log_wandb(args: TransferArgs, rows: list[dict], target: str) -> None:
                 continue
             run = wandb_run(Path(args.work) / "wandb", job_type="transfer", group=f"transfer-{target}",
                             tags=[f"method={method}", f"budget={budget}", f"seed={seed}"],
-                            config={**dataclasses.asdict(args), "method": method, "budget": budget, "seed": seed})
+                            config={**dataclasses.asdict(args), "method": method, "budget": budget, "seed": seed},
+                            run_id=f"transfer-{target}-{method}-B{budget}-s{seed}".replace("/", "_"))
             run.log({"transfer/budget": -1 if budget is None else budget,
                      "transfer/top1": geomean([r["top1"] for r in sel]),
                      "transfer/top8": geomean([r["top8"] for r in sel]),
