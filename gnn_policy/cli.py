@@ -181,13 +181,17 @@ def run_meta_pretrain(args: MetaPretrainArgs) -> int:
     return 0
 
 
-def run_bench(args: BenchArgs) -> int:
-    from training.bench import run
-
-    out = run(args)
+def _print_report(out: dict) -> int:
+    """A job's markdown report, then the rest of its result as one JSON line."""
     print(out.pop("report"))
     print(json.dumps(out, sort_keys=True))
     return 0
+
+
+def run_bench(args: BenchArgs) -> int:
+    from training.bench import run
+
+    return _print_report(run(args))
 
 
 def run_finetune(args: FinetuneArgs) -> int:
@@ -200,10 +204,7 @@ def run_finetune(args: FinetuneArgs) -> int:
 def run_transfer(args: TransferArgs) -> int:
     from training.transfer import run
 
-    out = run(args)
-    print(out.pop("report"))
-    print(json.dumps(out, sort_keys=True))
-    return 0
+    return _print_report(run(args))
 
 
 def run_tune(args: TuneArgs) -> int:

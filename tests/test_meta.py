@@ -46,13 +46,20 @@ def _real_rows(path, gpus=(H200, SLICE)):
                        for c in configs)
 
 
-def test_one_outer_step_is_meta_plus_epsilon_times_the_displacement(monkeypatch):
+def _tiny(reptile: ReptileConfig, steps_per_epoch: int) -> tuple[ReptileModule, MetaDataModule, pl.Trainer]:
+    """A seeded tiny Reptile module on two simulated GPUs (H200 held out), its data and a quiet Trainer."""
     pl.seed_everything(0)
     tasks = build_tasks(("h200",), ("a100", "l4"), SIM, select_problems("train", 6, 0))
     cfg = ModelConfig(hidden=8, layers=1, gpu_names=tuple(t.gpu for t in tasks))
-    data = MetaDataModule(tasks, [], SIM.space, GpuVocab(cfg.gpu_names), steps_per_epoch=1, inner_steps=3,
-                          batch_size=2, seed=0)
-    module = ReptileModule(cfg, ReptileConfig(inner_steps=3, epsilon=0.3, meta_steps=1))
+    data = MetaDataModule(tasks, [], SIM.space, GpuVocab(cfg.gpu_names), steps_per_epoch=steps_per_epoch,
+                          inner_steps=reptile.inner_steps, batch_size=2, seed=0)
+    trainer = pl.Trainer(max_epochs=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    return ReptileModule(cfg, reptile), data, trainer
+
+
+def test_one_outer_step_is_meta_plus_epsilon_times_the_displacement(monkeypatch):
+    module, data, trainer = _tiny(ReptileConfig(inner_steps=3, epsilon=0.3, meta_steps=1), steps_per_epoch=1)
     start = [p.detach().clone() for p in module.model.parameters()]
     seen = {}
 
@@ -62,8 +69,7 @@ def test_one_outer_step_is_meta_plus_epsilon_times_the_displacement(monkeypatch)
 
     real = meta.reptile_update
     monkeypatch.setattr(meta, "reptile_update", recording)
-    pl.Trainer(max_epochs=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
-               enable_progress_bar=False, enable_model_summary=False).fit(module, datamodule=data)
+    trainer.fit(module, datamodule=data)
     assert seen["epsilon"] == 0.3
     assert all(torch.equal(m, s) for m, s in zip(seen["meta"], start))  # the meta weights are those before the step
     assert any(not torch.equal(a, m) for a, m in zip(seen["adapted"], seen["meta"]))  # the inner steps moved
@@ -134,16 +140,9 @@ def test_unknown_gpus_and_an_empty_task_list_are_clear_errors(tmp_path):
 
 @pytest.mark.parametrize("plain", [False, True])
 def test_plain_mode_keeps_one_adam_and_takes_no_reptile_step(plain):
-    pl.seed_everything(0)
-    tasks = build_tasks(("h200",), ("a100", "l4"), SIM, select_problems("train", 6, 0))
-    cfg = ModelConfig(hidden=8, layers=1, gpu_names=tuple(t.gpu for t in tasks))
-    data = MetaDataModule(tasks, [], SIM.space, GpuVocab(cfg.gpu_names), steps_per_epoch=3, inner_steps=2,
-                          batch_size=2, seed=0)
     reptile = ReptileConfig(inner_steps=2, epsilon=1.0, epsilon_end=1.0, fresh_inner=False) if plain else \
         ReptileConfig(inner_steps=2, epsilon=0.5, meta_steps=3)
-    module = ReptileModule(cfg, reptile)
-    trainer = pl.Trainer(max_epochs=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+    module, data, trainer = _tiny(reptile, steps_per_epoch=3)
     trainer.fit(module, datamodule=data)
     steps = {int(s["step"]) for s in trainer.optimizers[0].state.values()}
     assert steps == ({6} if plain else {2})  # 3 tasks x 2 steps on one Adam, or a fresh Adam per task
