@@ -51,22 +51,26 @@ class CollectArgs:
 
 
 def select_problems(name: str, count: int, seed: int) -> list[GemmProblem]:
-    """`count` problems of a split, round-robin over its families (all when count is 0)."""
+    """`count` problems of a split, round-robin over its families (all when count is 0).
+
+    A split's selection is the `all` selection's order restricted to the split, so the first
+    problems of a split that `collect --split all` measured are the ones a later
+    `--split test --problems N` (a dense sweep, a bench, a transfer run) selects.
+    """
     pool = [p for s in (SPLITS if name == "all" else [name]) for p in split(s)]
     if not count or count >= len(pool):
         return pool
     by_family: dict[str, list[GemmProblem]] = defaultdict(list)
-    for p in pool:
+    for p in (p for s in SPLITS for p in split(s)):
         by_family[p.model].append(p)
     rng = random.Random(seed)
     for members in by_family.values():
         rng.shuffle(members)
-    chosen: list[GemmProblem] = []
-    while len(chosen) < count:
-        for members in by_family.values():
-            if members and len(chosen) < count:
-                chosen.append(members.pop())
-    return chosen
+    wanted = {p.model for p in pool}
+    # members are taken from the end of each shuffled list, as the first collections did
+    order = [p for row in itertools.zip_longest(*(m[::-1] for m in by_family.values())) for p in row
+             if p is not None and p.model in wanted]
+    return order[:count]
 
 
 def _by_stratum(configs: Sequence[TileConfig]) -> dict[tuple, list[TileConfig]]:

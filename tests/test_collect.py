@@ -18,6 +18,14 @@ def test_problem_selection_spreads_over_families():
     assert len(select_problems("test", 0, seed=0)) == len(select_problems("test", 10**6, seed=0))
 
 
+def test_a_split_selection_is_the_all_selection_restricted_to_it():
+    from graphs.suite import SPLITS
+
+    everything = select_problems("all", 200, seed=3)
+    tests = [p for p in everything if p.model in SPLITS["test"]]
+    assert select_problems("test", len(tests), seed=3) == tests
+
+
 def test_stratified_sample_covers_variants_and_split_k():
     import random
 

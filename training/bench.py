@@ -33,7 +33,8 @@ class BenchArgs:
     db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
     gpu: str = flag("", "GPU spec name (default: the local device)")
     split: str = flag("test", "suite split whose measured problems are benchmarked")
-    problems: int = flag(0, "at most this many problems (0: all measured ones)")
+    problems: int = flag(40, "the split's first N problems in collection order (those a dense sweep "
+                             "`collect --split test --problems N` measured), measured ones only; 0: all")
     budgets: str = flag("1,2,4,8,16,32", "measurement counts to report")
     checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
     seed: int = flag(0, "seed of random and evolutionary search")
@@ -79,9 +80,9 @@ def run(args: BenchArgs) -> dict:
     from tqdm import tqdm
 
     import hardware_specs
-    from graphs.suite import SPLITS
     from gnn_policy.measure.compile import CompilePool
     from gnn_policy.benchmarks.data_report import problem_class
+    from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
     from gnn_policy.measure.result import CUBLAS
     from gnn_policy.measure.simulator import load_fitted
@@ -99,8 +100,8 @@ def run(args: BenchArgs) -> dict:
     with Database(args.db) as db:
         load_shipped(db)
         since = db.high_water()
-        problems = [p for p in db.problems(gpu.name) if p.model in SPLITS[args.split]]
-        problems = problems[:args.problems] if args.problems else problems
+        measured = {p.key for p in db.problems(gpu.name)}
+        problems = [p for p in select_problems(args.split, args.problems, 0) if p.key in measured]
         real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
         with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool, \
                 (CompilePool() if real else contextlib.nullcontext()) as compiler:
