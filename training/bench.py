@@ -44,6 +44,8 @@ class BenchArgs:
     shard_dir: str = flag("", "write the measurements this run adds to a new shard here")
     log_dir: str = flag("runs/bench", "folder of the offline W&B run")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    report_only: bool = flag(False, "measure nothing: rebuild bench.md, bench.png and the W&B run from the "
+                                    "bench.csv in --out (measured on a GPU machine without wandb, say)")
 
 
 def traces(problem, gpu, policy, measure, budget: int, seed: int, analytic) -> dict[str, list]:
@@ -74,6 +76,8 @@ def fractions(trace: list, best: float, budgets: list[int]) -> dict[int, float]:
 
 
 def run(args: BenchArgs) -> dict:
+    if args.report_only:
+        return report_from_csv(args)
     import contextlib
 
     import torch
@@ -114,7 +118,7 @@ def run(args: BenchArgs) -> dict:
             for method, trace in found[p.key].items():
                 for k, frac in fractions(trace, best, budgets).items():
                     ok = [tf for _, tf in trace[:k] if tf is not None]
-                    rows.append({"problem": p.key, "class": problem_class(p), "method": method, "k": k,
+                    rows.append({"gpu": gpu.name, "problem": p.key, "class": problem_class(p), "method": method, "k": k,
                                  "fraction": round(frac, 4),
                                  "vs_cublas": round(max(ok) / cublas, 4) if ok and cublas else None})
         if args.shard_dir:
@@ -123,6 +127,21 @@ def run(args: BenchArgs) -> dict:
     if args.wandb:
         _log_wandb(args, rows, report)
     return {"problems": len(problems), **counts, "report": report}
+
+
+def report_from_csv(args: BenchArgs) -> dict:
+    """The report and W&B run of an earlier bench, from its CSV (types restored)."""
+    import csv
+
+    path = Path(args.out) / "bench.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"--report-only needs {path}, the CSV of an earlier bench run")
+    rows = [{**r, "k": int(r["k"]), "fraction": float(r["fraction"]),
+             "vs_cublas": float(r["vs_cublas"]) if r["vs_cublas"] else None} for r in csv.DictReader(path.open())]
+    report = write_report(rows, sorted({r["k"] for r in rows}), Path(args.out), rows[0]["gpu"])
+    if args.wandb:
+        _log_wandb(args, rows, report)
+    return {"problems": len({r["problem"] for r in rows}), "report": report}
 
 
 def summary(rows: list[dict], budgets: list[int]) -> dict[str, dict[int, float]]:
