@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import subprocess
+import sys
+import time
 from typing import Iterator, Sequence
 
 import torch
@@ -123,6 +126,7 @@ def measure_configs(problem, configs: Sequence[TileConfig | None], *, gpu: str, 
     among them, after which the context is unusable) ends the child, and the pool starts a
     fresh one for the configs after it.
     """
+    profile = Phases(problem.key, enabled=bool(os.environ.get("GNN_POLICY_PROFILE")))
     spec = hardware_specs.load(gpu)
     stream = None
     if spec.slice_of:
@@ -132,10 +136,12 @@ def measure_configs(problem, configs: Sequence[TileConfig | None], *, gpu: str, 
     bench = Bench(problem, spec.l2_bytes, seed=seed, stream=stream)
     base = dict(gpu=gpu, problem=problem.key, versions=environment())
     best_ms = float("inf")  # of the Triton configs so far: cuBLAS must not coarsen their ranking
+    profile.lap("setup")
     for config in configs:
         key = config.key if config else CUBLAS
         try:
             checked = bench.check(config) if config else None
+            profile.lap("check")
             if checked and not checked.ok:
                 yield Measurement(config=key, status="wrong_result", max_rel_err=checked.error, **base)
                 continue
@@ -144,8 +150,36 @@ def measure_configs(problem, configs: Sequence[TileConfig | None], *, gpu: str, 
                 best_ms = min(best_ms, t.median_ms)
             else:
                 t = bench.time_cublas(replays)
+            profile.lap("time", gpu_s=(t.replays + 2) * t.calls_per_replay * t.median_ms / 1e3)
             yield Measurement(config=key, status="ok", median_ms=t.median_ms, p10_ms=t.p10_ms,
                               p90_ms=t.p90_ms, tflops=t.tflops(problem.flops), sm_mhz=sm_clock_mhz(),
                               max_rel_err=checked.error if checked else None, **base)
         except Exception as exc:  # noqa: BLE001 - every outcome is a row
             yield Measurement(config=key, status=_status_of(exc), error=f"{type(exc).__name__}: {exc}"[:500], **base)
+        profile.lap("report")
+    profile.print(len(configs))
+
+
+class Phases:
+    """Where a measuring child's time goes (GNN_POLICY_PROFILE=1): one stderr line per problem.
+
+    `time` includes the replays themselves; `gpu_replays` estimates them (replays x median),
+    so `time - gpu_replays` is the capture and launch overhead.
+    """
+
+    def __init__(self, problem: str, enabled: bool):
+        self.problem, self.enabled, self.seconds, self.last = problem, enabled, {}, time.perf_counter()
+
+    def lap(self, name: str, gpu_s: float = 0.0) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.seconds["gpu_replays"] = self.seconds.get("gpu_replays", 0.0) + gpu_s
+        self.last = now
+
+    def print(self, configs: int) -> None:
+        if not self.enabled:
+            return
+        parts = " ".join(f"{k}={v * 1e3 / max(1, configs):.2f}" for k, v in self.seconds.items())
+        print(f"phases {self.problem} configs={configs} ms/config: {parts}", file=sys.stderr, flush=True)
