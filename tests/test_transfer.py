@@ -59,7 +59,7 @@ def test_a_checkpoint_taught_by_a_simulator_fitted_on_the_target_is_refused(tmp_
 
     args = _args(tmp_path, target="h200", simulate=False, meta=_checkpoint(tmp_path / "m.pt", ("L40S",)),
                  plain=_checkpoint(tmp_path / "p.pt", ("L40S",)))
-    (tmp_path / "m.card.json").write_text(json.dumps({"simulator": {"fitted_on": "H200-SXM-141GB"}}))
+    (tmp_path / "m.card.json").write_text(json.dumps({"simulator": {"fitted_on": ["H200-SXM-141GB"]}}))
     with pytest.raises(TransferError, match=r"--meta .*analytic model fitted on H200-SXM-141GB"):
         check_held_out(args, "H200-SXM-141GB")
 

@@ -149,7 +149,7 @@ def _tasks(args: MetaPretrainArgs) -> tuple[list[Task], list[HeldOut], ConfigSpa
     """(tasks, held-out GPUs' validation data, config space, GPU the analytic model was fitted on)."""
     from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
-    from gnn_policy.measure.simulator import load_fitted
+    from gnn_policy.measure.simulator import fitted_gpus, load_fitted
     from gnn_policy.model import ModelConfig
     from gnn_policy.snapshot import load_shipped
     from gnn_policy.space import space
@@ -157,9 +157,11 @@ def _tasks(args: MetaPretrainArgs) -> tuple[list[Task], list[HeldOut], ConfigSpa
     from training.tasks import Simulation, build_tasks, canonical, held_out
 
     sim = Simulation(load_fitted(args.analytic), space(ModelConfig.space), args.configs, args.seed)
-    fitted_on = json.loads(Path(args.analytic).read_text()).get("gpu")
-    if fitted_on in canonical(args.hold_out, "--hold-out"):
-        warnings.warn(f"{args.analytic} was fitted on {fitted_on}, which is held out: the simulated labels of every "
+    fitted_on = fitted_gpus(args.analytic)
+    held_gpus = set(fitted_on) & set(canonical(args.hold_out, "--hold-out"))
+    if held_gpus:
+        warnings.warn(f"{args.analytic} was fitted on {', '.join(sorted(held_gpus))}, which is held out: the "
+                      "simulated labels of every "
                       "task carry its few coefficients, so the hold-out is not complete for the simulator")
     demos = load_demonstrations(args.imported, ModelConfig.space)[0] if args.imitation_weight > 0 else []
     with Database(args.db) as db:

@@ -79,6 +79,8 @@ def seen_gpus(path: str | Path) -> tuple[str, ...]:
 def check_held_out(args: TransferArgs, target: str) -> None:
     import json
 
+    from gnn_policy.measure.simulator import fitted_gpus
+
     for name, path in (("--meta", args.meta), ("--plain", args.plain)):
         if not Path(path).exists():
             raise TransferError(f"{name} {path} does not exist")
@@ -87,11 +89,10 @@ def check_held_out(args: TransferArgs, target: str) -> None:
                                 f"without it (e.g. gnn-policy pretrain --gpus h200-sm66 ... --out DIR)")
         card = Path(path).with_suffix(".card.json")  # meta.pt -> meta.card.json
         simulator = json.loads(card.read_text()).get("simulator", {}) if card.exists() else {}
-        if simulator.get("fitted_on") == target and not args.simulate:
+        if target in simulator.get("fitted_on", []) and not args.simulate:
             raise TransferError(f"{name} {path} learned from simulated labels of an analytic model fitted on "
                                 f"{target}, the held-out target ({card}): refit the model without it and pretrain again")
-    fitted = json.loads(Path(args.analytic).read_text()).get("gpu")
-    if fitted == target and not args.simulate:
+    if target in fitted_gpus(args.analytic) and not args.simulate:
         raise TransferError(f"--analytic {args.analytic} was fitted on {target}, the held-out target: "
                             "fit it on other GPUs' data")
 

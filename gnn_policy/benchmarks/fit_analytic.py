@@ -1,7 +1,11 @@
-"""Fit the analytic time model (`gnn_policy.measure.simulator`) on real measurements and report
-how well it predicts: fitted on the train families, checked on the others.
+"""Fit the analytic time model (`gnn_policy.measure.simulator`) on real measurements of one or
+more GPUs and report how well it predicts: fitted on the train families, checked on the others
+(and per GPU).
 
     python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --out checkpoints/analytic.json
+    python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --gpu h200-sm16,h200-sm33,h200-sm66,h200-sm100
+
+The second form leaves the full H200 out, for the transfer experiment that holds it out.
 
 Error figures: median |log(predicted / measured time)| over correct Triton rows, and the
 `analytic` baseline's quality, the measured TFLOP/s of the config the model ranks first among
@@ -41,22 +45,28 @@ def evaluate(model: AnalyticModel, data: list) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True, help="database (the shipped snapshot is loaded into it)")
-    ap.add_argument("--gpu", default="H200-SXM-141GB")
+    ap.add_argument("--gpu", default="H200-SXM-141GB", help="GPU spec name, or several separated by commas")
     ap.add_argument("--out", type=Path, help="write the fitted coefficients and the figures here (JSON)")
     ns = ap.parse_args(argv)
-    gpu = hardware_specs.load(ns.gpu)
+    gpus = {g.name: g for g in (hardware_specs.load(n) for n in ns.gpu.split(","))}
     with Database(ns.db) as db:
         load_shipped(db)
-        rows = [r for r in db.rows_after(0) if r["gpu"] == gpu.name and r["source"] == "real"
+        rows = [r for r in db.rows_after(0) if r["gpu"] in gpus and r["source"] == "real"
                 and r["status"] == "ok" and r["config"] != CUBLAS]
-    data = [(problem_from_fields(r["problem_fields"]), TileConfig.from_key(r["config"]), gpu, r["median_ms"])
-            for r in rows]
+    missing = set(gpus) - {r["gpu"] for r in rows}
+    if missing:
+        raise SystemExit(f"no correct real Triton rows for {', '.join(sorted(missing))} in {ns.db}")
+    data = [(problem_from_fields(r["problem_fields"]), TileConfig.from_key(r["config"]), gpus[r["gpu"]],
+             r["median_ms"]) for r in rows]
     family = {f: s for s, fs in SPLITS.items() for f in fs}
     train = [d for d in data if family[d[0].model] == "train"]
     held_out = [d for d in data if family[d[0].model] != "train"]
     model = fit([d[:3] for d in train], [d[3] for d in train])
-    report = {"gpu": gpu.name, "coefficients": dataclasses.asdict(model),
+    report = {"gpus": sorted(gpus), "coefficients": dataclasses.asdict(model),
               "train": evaluate(model, train), "val_and_test": evaluate(model, held_out)}
+    if len(gpus) > 1:
+        report["per_gpu_val_and_test"] = {g: evaluate(model, [d for d in held_out if d[2].name == g])
+                                          for g in sorted(gpus)}
     print(json.dumps(report, indent=1))
     if ns.out:
         ns.out.write_text(json.dumps(report, indent=1) + "\n")

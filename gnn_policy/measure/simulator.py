@@ -136,6 +136,14 @@ class SimulatedPool:
                               tflops=problem.flops / (ms * 1e-3) / 1e12, versions=self.versions)
 
 
+def fitted_gpus(path) -> list[str]:
+    """The GPUs whose measurements the coefficients at `path` were fitted on."""
+    import json
+
+    with open(path) as f:
+        return json.load(f)["gpus"]
+
+
 def load_fitted(path) -> AnalyticModel:
     """The coefficients `benchmarks/fit_analytic.py` wrote."""
     import json
