@@ -48,16 +48,20 @@ class CollectArgs:
     runner: str = flag("gnn_policy.measure.runner:measure_configs",
                        "dotted path of the measuring function (package.module:function)")
     shard_dir: str = flag("", "write the rows this run adds to a new shard here (e.g. data/measurements)")
+    max_gflop: float = flag(0.0, "only problems of at most this many GFLOP (0: any); on an SM slice a large "
+                                 "problem costs seconds per config")
 
 
-def select_problems(name: str, count: int, seed: int) -> list[GemmProblem]:
-    """`count` problems of a split, round-robin over its families (all when count is 0).
+def select_problems(name: str, count: int, seed: int, max_gflop: float = 0.0) -> list[GemmProblem]:
+    """`count` problems of a split, round-robin over its families (all when count is 0), of at
+    most `max_gflop` GFLOP each when that is set.
 
     A split's selection is the `all` selection's order restricted to the split, so the first
     problems of a split that `collect --split all` measured are the ones a later
     `--split test --problems N` (a dense sweep, a bench, a transfer run) selects.
     """
-    pool = [p for s in (SPLITS if name == "all" else [name]) for p in split(s)]
+    small = (lambda p: p.flops <= max_gflop * 1e9) if max_gflop else (lambda p: True)
+    pool = [p for s in (SPLITS if name == "all" else [name]) for p in split(s) if small(p)]
     if not count or count >= len(pool):
         return pool
     by_family: dict[str, list[GemmProblem]] = defaultdict(list)
@@ -69,7 +73,7 @@ def select_problems(name: str, count: int, seed: int) -> list[GemmProblem]:
     wanted = {p.model for p in pool}
     # members are taken from the end of each shuffled list, as the first collections did
     order = [p for row in itertools.zip_longest(*(m[::-1] for m in by_family.values())) for p in row
-             if p is not None and p.model in wanted]
+             if p is not None and p.model in wanted and small(p)]
     return order[:count]
 
 
@@ -160,7 +164,7 @@ def run(args: CollectArgs) -> dict:
     from gnn_policy.snapshot import export_run, load_shipped
 
     gpu = hardware_specs.resolve(args.gpu)
-    problems = select_problems(args.split, args.problems, args.seed)
+    problems = select_problems(args.split, args.problems, args.seed, args.max_gflop)
     counts: dict = defaultdict(int)
     start = time.monotonic()
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")

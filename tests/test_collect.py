@@ -24,6 +24,9 @@ def test_a_split_selection_is_the_all_selection_restricted_to_it():
     everything = select_problems("all", 200, seed=3)
     tests = [p for p in everything if p.model in SPLITS["test"]]
     assert select_problems("test", len(tests), seed=3) == tests
+    small = select_problems("train", 20, seed=3, max_gflop=10)
+    assert len(small) == 20 and max(p.flops for p in small) <= 10e9
+    assert small == [p for p in select_problems("train", 200, seed=3) if p.flops <= 10e9][:20]
 
 
 def test_stratified_sample_covers_variants_and_split_k():
