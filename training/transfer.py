@@ -57,7 +57,8 @@ class TransferArgs:
     analytic: str = flag(str(CHECKPOINTS / "analytic.json"), "analytic model, fitted without the target")
     db: str = flag(str(DEFAULT_PATH), "database holding best known on the target; evaluation picks are stored "
                                       "here (--simulate uses a database of its own under --work)")
-    problems: int = flag(0, "test problems measured on the target to evaluate on (0: all)")
+    problems: int = flag(40, "the test split's first N problems in collection order (a dense sweep's), those "
+                             "measured on the target, to evaluate on (0: the whole split)")
     tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on")
     rounds: int = flag(4, "fine-tune rounds")
     steps: int = flag(20, "gradient steps per fine-tune round")
@@ -104,7 +105,6 @@ def run(args: TransferArgs) -> dict:
     from tqdm import tqdm
 
     import hardware_specs
-    from graphs.suite import SPLITS
     from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
     from gnn_policy.measure.compile import CompilePool
@@ -125,16 +125,15 @@ def run(args: TransferArgs) -> dict:
     rows: list[dict] = []
     with Database(_evaluation_db(args)) as db, contextlib.ExitStack() as stack:
         load_shipped(db)
+        # the test problems collected first, with seed 0 as `collect` draws them: the dense sweeps
+        problems = select_problems("test", args.problems, 0)
         if args.simulate:
             pool, compiler = SimulatedPool(analytic, spec), None
-            problems = select_problems("test", args.problems, seeds[0])
         else:
             pool = stack.enter_context(WorkerPool(args.runner, gpu=spec.name, timeout_s=args.timeout))
             real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
             compiler = stack.enter_context(CompilePool()) if real else None
-            problems = [p for p in db.problems(spec.name) if p.model in SPLITS["test"]
-                        and db.best_known(spec.name, p.key)]  # a best known Triton config to compare with
-            problems = problems[:args.problems] if args.problems else problems
+            problems = [p for p in problems if db.best_known(spec.name, p.key)]  # a Triton best known to compare with
         if not problems:
             raise TransferError(f"no test-split problem is measured on {spec.name} in {args.db}: collect them first")
         measure = Measurer(db, spec, pool, compiler, counts, source=source)
