@@ -66,7 +66,7 @@ class Bench:
         return Checked(err, TOLERANCE[args["a"].dtype])
 
     def time(self, config: TileConfig, replays: int = 20, screen_ms: float | None = None) -> Timing:
-        """Time a config; one that `check` ran is already loaded and, without split-K, gets no warm-up pass."""
+        """Time a config; one that `check` ran is already loaded and, without split-K, gets no warm-up call."""
         outs = [torch.empty(self.out_shape, dtype=s["a"].dtype, device="cuda") for s in self.sets]
 
         def run(i: int) -> None:
@@ -75,7 +75,7 @@ class Bench:
                    residual=s["residual"], out=outs[i])
 
         # A split-K config's tile counters may be first made inside the capture, where their
-        # zero-fill would join every timed replay: one eager pass makes them outside it.
+        # zero-fill would join every timed replay: one eager call makes them outside it.
         warmup = 0 if config in self.checked and config.split_k == 1 else 1
         return time_graph(run, len(self.sets), replays=replays, warmup=warmup, stream=self.stream,
                           screen_ms=screen_ms)
