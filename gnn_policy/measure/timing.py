@@ -55,11 +55,12 @@ def time_graph(fn: Callable[[int], object], calls: int, *, replays: int = 20,
     `fn(i)` must use the i-th input set. `warmup` eager calls first load the kernel and make
     what it allocates lazily (cuBLAS workspaces, split-K tile counters), which must not be
     first made inside the capture; one call does that, where a pass over every set launched
-    as often as the capture itself (64 times for a small problem). The graph is captured on `stream` (a side
-    stream by default, as capture requires). The replays timed are as many as fit in `budget_ms` of GPU time, between `min_replays` and
-    `replays`: a config 100x slower than the best costs 3 replays, not 20. When the probe
-    replay already exceeds `screen_ms` per call, it is the only one timed. `warmup=0` is
-    for a kernel that has already run eagerly (its correctness check loaded it).
+    as often as the capture itself (64 times for a small problem). The graph is captured on
+    `stream` (a side stream by default, as capture requires). The replays timed are as many
+    as fit in `budget_ms` of GPU time, between `min_replays` and `replays`: a config 100x
+    slower than the best costs 3 replays, not 20. When the probe replay already exceeds
+    `screen_ms` per call, it is the only one timed. `warmup=0` is for a kernel that has
+    already run eagerly (its correctness check loaded it).
     """
     stream = stream or torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the inputs were made on the current stream
