@@ -36,6 +36,9 @@ def save_checkpoint(model: PolicyModel, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
+RERANK = 16  # the first pick is the cost head's favourite among this many most probable configs
+
+
 @dataclasses.dataclass(frozen=True)
 class Pick:
     config: TileConfig
@@ -75,12 +78,23 @@ class Policy:
 
     @torch.no_grad()
     def top_k(self, problem: GemmProblem, gpu: GpuSpec, k: int = 8) -> list[Pick]:
-        """The k most probable valid configs, best first (fewer if fewer are valid)."""
+        """The k configs to try, best first (fewer if fewer are valid): the cost head's favourite
+        among the `RERANK` most probable valid configs, then the others by probability.
+
+        The policy head fits the train families almost exactly and generalises worse than the
+        cost head, which picks better first configs on the val families at the same best of 8
+        (docs/BENCHMARKS.md, "Choosing the first pick"); the probable set keeps the cost head
+        from wandering to configs the policy never considered.
+        """
         h, mask = self._encode(problem, gpu)
-        beams, logp = self.model.beam_search(h, mask, k)
+        beams, logp = self.model.beam_search(h, mask, max(k, RERANK))
         tflops = self.model.cost(h, beams)[0].exp()
-        return [Pick(self.model.space.at(tuple(b)), math.exp(lp), tf)
-                for b, lp, tf in zip(beams[0].tolist(), logp[0].tolist(), tflops.tolist()) if lp > float("-inf")]
+        picks = [Pick(self.model.space.at(tuple(b)), math.exp(lp), tf)
+                 for b, lp, tf in zip(beams[0].tolist(), logp[0].tolist(), tflops.tolist()) if lp > float("-inf")]
+        if picks:
+            first = max(range(min(RERANK, len(picks))), key=lambda i: picks[i].predicted_tflops)
+            picks.insert(0, picks.pop(first))
+        return picks[:k]
 
     @torch.no_grad()
     def rank(self, problem: GemmProblem, gpu: GpuSpec, configs: Sequence[TileConfig]) -> list[tuple[TileConfig, float]]:

@@ -12,7 +12,7 @@ import triton.language as tl
 import hardware_specs
 from graphs import GemmProblem
 from gnn_policy.model import ModelConfig, PolicyModel
-from gnn_policy.policy import Policy, autotune_pruner
+from gnn_policy.policy import RERANK, Policy, autotune_pruner
 from gnn_policy.space import NAMED_LISTS, violations
 
 H200 = hardware_specs.load("h200")
@@ -33,11 +33,16 @@ def test_top_k_are_valid_distinct_and_ordered(checkpoint):
     picks = policy.top_k(P, H200, 8)
     assert len(picks) == 8 and len({p.config for p in picks}) == 8
     assert all(not violations(p.config, H200, P.dtype, P.k) for p in picks)
-    assert all(a.probability >= b.probability for a, b in zip(picks, picks[1:]))
     assert all(p.predicted_tflops > 0 for p in picks)
+    # the first pick is the cost head's favourite among the RERANK most probable; the rest by probability
+    probable = sorted(policy.top_k(P, H200, RERANK), key=lambda p: -p.probability)
+    assert len(probable) == RERANK and picks[0] == max(probable, key=lambda p: p.predicted_tflops)
+    assert [p for p in probable if p != picks[0]][:7] == picks[1:]
+    assert policy.top_k(P, H200, 1) == picks[:1]
     ranked = policy.rank(P, H200, [p.config for p in reversed(picks)])
-    assert [c for c, _ in ranked] == [p.config for p in picks]
-    assert [pr for _, pr in ranked] == pytest.approx([p.probability for p in picks], rel=1e-4)
+    by_probability = sorted(picks, key=lambda p: -p.probability)
+    assert [c for c, _ in ranked] == [p.config for p in by_probability]
+    assert [pr for _, pr in ranked] == pytest.approx([p.probability for p in by_probability], rel=1e-4)
 
 
 def test_a_missing_checkpoint_says_how_to_make_one(tmp_path):
