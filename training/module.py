@@ -1,5 +1,4 @@
-"""The LightningModule of pretraining (owns the optimiser, logs the objective's parts) and the
-callback that keeps its best validated weights."""
+"""The LightningModule of pretraining: owns the optimiser and logs the objective's parts."""
 from __future__ import annotations
 
 import pytorch_lightning as pl
@@ -36,23 +35,3 @@ class PolicyModule(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=1e-4)
-
-
-class BestOnValidation(pl.Callback):
-    """Keeps the weights of the epoch with the lowest val/loss, with that epoch's val metrics.
-
-    In the shipped 200-epoch run, val top-1 swung between 0.83 and 0.88 over the last 100
-    epochs while train top-1 reached 0.99: the last epoch is an arbitrary draw from that swing.
-    """
-
-    def __init__(self):
-        self.loss, self.epoch, self.state, self.val_metrics = float("inf"), -1, None, {}
-
-    def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        loss = trainer.callback_metrics.get("val/loss")
-        if trainer.sanity_checking or loss is None or float(loss) >= self.loss:
-            return
-        self.loss, self.epoch = float(loss), trainer.current_epoch
-        self.state = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
-        self.val_metrics = {k: round(float(v), 5) for k, v in sorted(trainer.callback_metrics.items())
-                            if k.startswith("val/")}

@@ -4,9 +4,8 @@ With `--imitation-weight` above 0 the policy also imitates the imported vLLM / S
 (`training.imported`) of the train families; their GPUs get learned embeddings too.
 
 Writes `<out>/pretrained.pt` (the model's state_dict and its ModelConfig, loadable with
-`torch.load(weights_only=True)`): the weights of the epoch with the lowest val/loss. And
-`<out>/pretrained.card.json` (data, GPUs, splits, the last epoch's metrics, the selected
-epoch and its val metrics, versions). Metrics go to W&B (offline by default) and to a CSV under `--log-dir`.
+`torch.load(weights_only=True)`) and `<out>/pretrained.card.json` (data, GPUs, splits,
+metrics, versions). Metrics go to W&B (offline by default) and to a CSV under `--log-dir`.
 """
 from __future__ import annotations
 
@@ -58,7 +57,7 @@ def run(args: PretrainArgs) -> dict:
     from gnn_policy.snapshot import SHIPPED
     from gnn_policy.space import space
     from training.datamodule import MeasurementDataModule
-    from training.module import BestOnValidation, PolicyModule
+    from training.module import PolicyModule
     from training.tracking import loggers
 
     pl.seed_everything(args.seed, workers=True)
@@ -70,16 +69,13 @@ def run(args: PretrainArgs) -> dict:
     data.setup()
     module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature,
                           imitation_weight=args.imitation_weight)
-    best = BestOnValidation()
     trainer = pl.Trainer(
-        callbacks=[best], max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, accelerator="auto", devices=1,
+        max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, accelerator="auto", devices=1,
         logger=loggers(Path(args.log_dir), job_type="pretrain", group=args.group, tags=args.tags,
                        config=dataclasses.asdict(args), wandb=args.wandb),
         enable_checkpointing=False, deterministic=True, log_every_n_steps=1)
     start = time.time()
     trainer.fit(module, datamodule=data)
-    if best.state is not None:
-        module.model.load_state_dict(best.state)
     out = Path(args.out)
     save_checkpoint(module.model, out / "pretrained.pt")
     card = {
@@ -90,8 +86,7 @@ def run(args: PretrainArgs) -> dict:
         "snapshot": sorted(p.name for p in SHIPPED.glob("*.jsonl.gz")),
         "splits": {name: list(families) for name, families in SPLITS.items()},
         "metrics": {k: round(float(v), 5) for k, v in sorted(trainer.callback_metrics.items())},
-        "epochs_run": trainer.current_epoch,
-        "selected": {"epoch": best.epoch, "rule": "lowest val/loss", **best.val_metrics}, "train_seconds": round(time.time() - start, 1),
+        "epochs_run": trainer.current_epoch, "train_seconds": round(time.time() - start, 1),
         "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
                      "pytorch_lightning": pl.__version__},
     }
