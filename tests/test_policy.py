@@ -1,6 +1,7 @@
 """Inference: checkpoint round trip, top-k, ranking, the triton.autotune pruner, the tune CLI."""
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import triton.language as tl
 import hardware_specs
 from graphs import GemmProblem
 from gnn_policy.model import ModelConfig, PolicyModel
-from gnn_policy.policy import RERANK, Policy, autotune_pruner
+from gnn_policy.policy import COST_WEIGHT, RERANK, Policy, autotune_pruner
 from gnn_policy.space import NAMED_LISTS, violations
 
 H200 = hardware_specs.load("h200")
@@ -34,9 +35,10 @@ def test_top_k_are_valid_distinct_and_ordered(checkpoint):
     assert len(picks) == 8 and len({p.config for p in picks}) == 8
     assert all(not violations(p.config, H200, P.dtype, P.k) for p in picks)
     assert all(p.predicted_tflops > 0 for p in picks)
-    # the first pick is the cost head's favourite among the RERANK most probable; the rest by probability
+    # the first pick: the best of the RERANK most probable by log p + COST_WEIGHT log TFLOP/s; the rest by probability
     probable = sorted(policy.top_k(P, H200, RERANK), key=lambda p: -p.probability)
-    assert len(probable) == RERANK and picks[0] == max(probable, key=lambda p: p.predicted_tflops)
+    score = lambda p: math.log(p.probability) + COST_WEIGHT * math.log(p.predicted_tflops)  # noqa: E731
+    assert len(probable) == RERANK and picks[0] == max(probable, key=score)
     assert [p for p in probable if p != picks[0]][:7] == picks[1:]
     assert policy.top_k(P, H200, 1) == picks[:1]
     ranked = policy.rank(P, H200, [p.config for p in reversed(picks)])

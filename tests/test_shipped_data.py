@@ -61,3 +61,15 @@ def test_the_evaluation_problems_are_swept_densely(rows):
         if r["gpu"] == H200.name and r["status"] == "ok" and r["config"] != CUBLAS:
             correct[r["problem"]].add(r["config"])
     assert all(len(correct[p.key]) >= 1500 for p in select_problems("test", 40, 0))
+
+
+def test_offline_picks_of_the_shipped_policy_are_fractions_of_best_known(tmp_path):
+    from gnn_policy.benchmarks.offline_picks import evaluate
+    from gnn_policy.policy import Policy
+
+    with Database(tmp_path / "m.sqlite") as db:
+        load_shipped(db, SHARDS)
+        out = evaluate(db, Policy.load(), H200, "test", global_picks=True)
+    assert out["problems"] == 40 and out["global_picks"]["picks"] == 320
+    for top1, best8 in (("policy_top1", "policy_best_of_8"), ("rule_top1", "rule_best_of_8")):
+        assert 0 < out[top1] <= out[best8] <= 1
