@@ -47,6 +47,17 @@ def test_a_simulated_transfer_reports_every_method_at_every_budget(tmp_path):
     assert (tmp_path / "out" / "transfer.png").stat().st_size > 0
     assert "| meta |" in (tmp_path / "out" / "transfer.md").read_text()
 
+    # the report and W&B runs rebuilt from the CSV alone (a GPU machine without wandb wrote it)
+    (tmp_path / "out" / "transfer.md").unlink()
+    again = run(TransferArgs(out=str(tmp_path / "out"), work=str(tmp_path / "work2"), report_only=True))
+    assert again["report"] == out["report"] and (tmp_path / "out" / "transfer.md").read_text().strip() == out["report"]
+    assert list((tmp_path / "work2" / "wandb").rglob("offline-run-*"))
+
+
+def test_a_run_needs_a_target_and_a_plain_checkpoint(tmp_path):
+    with pytest.raises(TransferError, match="--target and --plain are required"):
+        run(TransferArgs(out=str(tmp_path)))
+
 
 def test_a_checkpoint_that_saw_the_target_is_refused(tmp_path):
     seen = _checkpoint(tmp_path / "seen.pt", ("L40S",))

@@ -48,9 +48,10 @@ class TransferError(RuntimeError):
 class TransferArgs:
     """Adapt meta, plain and from-scratch policies to a held-out GPU at several budgets; compare with baselines."""
 
-    target: str = flag(help="the held-out GPU: h200, or a slice of the local one (h200-sm48)")
-    plain: str = flag(help="plain pretrained checkpoint trained without the target (the shipped "
-                           "pretrained.pt saw the H200)")
+    target: str = flag("", "the held-out GPU: h200, or a slice of the local one (h200-sm48); required "
+                           "unless --report-only")
+    plain: str = flag("", "plain pretrained checkpoint trained without the target (the shipped "
+                          "pretrained.pt saw the H200); required unless --report-only")
     budgets: str = flag("0,16,32,64,128,256", "total measurements on the target, comma-separated")
     seeds: str = flag("0", "seeds, comma-separated (fine-tune choices, scratch weights, searches)")
     meta: str = flag(str(CHECKPOINTS / "meta.pt"), "meta-pretrained checkpoint, trained without the target")
@@ -68,6 +69,8 @@ class TransferArgs:
     work: str = flag("runs/transfer", "folder of the fine-tunes' databases, checkpoints and W&B runs")
     out: str = flag("docs/data/transfer", "folder for transfer.csv, transfer.md and transfer.png")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    report_only: bool = flag(False, "run nothing: rebuild transfer.md, transfer.png and the W&B runs from the "
+                                    "transfer.csv in --out (written on a GPU machine without wandb, say)")
 
 
 def seen_gpus(path: str | Path) -> tuple[str, ...]:
@@ -99,6 +102,10 @@ def check_held_out(args: TransferArgs, target: str) -> None:
 
 
 def run(args: TransferArgs) -> dict:
+    if args.report_only:
+        return report_from_csv(args)
+    if not (args.target and args.plain):
+        raise TransferError("--target and --plain are required (unless --report-only)")
     import contextlib
 
     import torch
@@ -141,7 +148,7 @@ def run(args: TransferArgs) -> dict:
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
             picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
-            rows += [{"target": spec.name, "method": method, "budget": budget, "seed": seed, "problem": p.key,
+            rows += [{"target": spec.name, "source": source, "method": method, "budget": budget, "seed": seed, "problem": p.key,
                       "picks": picks[p.key]} for p in problems]
         best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
     for r in rows:
@@ -241,6 +248,23 @@ def _scratch(plain: Path, path: Path, seed: int) -> Path:
         torch.manual_seed(seed)
         save_checkpoint(PolicyModel(config), path)
     return path
+
+
+def report_from_csv(args: TransferArgs) -> dict:
+    """The report and W&B runs of an earlier transfer run, from its CSV (types restored)."""
+    import csv
+
+    path = Path(args.out) / "transfer.csv"
+    if not path.exists():
+        raise TransferError(f"--report-only needs {path}, the CSV of an earlier transfer run")
+    rows = [{**r, "budget": int(r["budget"]) if r["budget"] else None, "seed": int(r["seed"]),
+             "top1": float(r["top1"]), "top8": float(r["top8"])} for r in csv.DictReader(path.open())]
+    target = rows[0]["target"]
+    budgets = sorted({r["budget"] for r in rows if r["budget"] is not None})
+    report = write_report(rows, budgets, Path(args.out), target, rows[0]["source"])
+    if args.wandb:
+        _log_wandb(args, rows, target)
+    return {"target": target, "problems": len({r["problem"] for r in rows}), "report": report}
 
 
 def summary(rows: list[dict]) -> dict[tuple[str, int | None], dict[str, float]]:
