@@ -6,6 +6,7 @@ and writes one JSON line per pair (first and second median time, their ratio). `
 prints the spread from that file without a GPU.
 
     python -m gnn_policy.benchmarks.noise --db m.sqlite --out docs/data/noise.jsonl
+    python -m gnn_policy.benchmarks.noise --db m.sqlite --gpu h200-sm66 --out docs/data/noise-sm66.jsonl
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import hardware_specs
 from gnn_policy.database import Database, problem_from_fields
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.space import TileConfig
@@ -62,18 +64,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per pair")
-    ap.add_argument("--gpu", default="H200-SXM-141GB")
+    ap.add_argument("--gpu", default="h200", help="GPU spec name; an SM slice (h200-sm66) is timed on its SMs")
     ap.add_argument("--pairs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--report", action="store_true", help="only summarise --out (no GPU)")
     ns = ap.parse_args(argv)
+    gpu = hardware_specs.load(ns.gpu).name
     if not ns.report:
         from gnn_policy.snapshot import load_shipped
 
         with Database(ns.db) as db:
             load_shipped(db)
-            rows = draw(db, ns.gpu, ns.pairs, ns.seed)
-        results = remeasure(rows, ns.gpu)
+            rows = draw(db, gpu, ns.pairs, ns.seed)
+        results = remeasure(rows, gpu)
         ns.out.parent.mkdir(parents=True, exist_ok=True)
         ns.out.write_text("".join(json.dumps(r) + "\n" for r in results))
     print(report([json.loads(line) for line in ns.out.read_text().splitlines()]))
