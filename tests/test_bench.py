@@ -57,3 +57,27 @@ def test_bench_measures_every_method_within_the_budget(tmp_path):
     again = run(BenchArgs(db=db, out=str(tmp_path / "bench"), log_dir=str(tmp_path / "runs2"), report_only=True))
     assert again["report"] == out["report"] and (tmp_path / "bench" / "bench.md").read_text().strip() == out["report"]
     assert list((tmp_path / "runs2" / "wandb").glob("offline-run-*"))
+
+
+def test_a_time_limited_bench_stores_what_it_measured_and_a_rerun_finishes(tmp_path, monkeypatch):
+    import training.bench as bench
+
+    db = str(tmp_path / "m.sqlite")
+    collect(CollectArgs(db=db, gpu="h200", split="test", problems=3, configs=6, runner="fake_runner:measure"))
+    torch.manual_seed(0)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
+    ckpt = tmp_path / "p.pt"
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, ckpt)
+    args = dict(db=db, gpu="h200", budgets="1,2", checkpoint=str(ckpt), runner="fake_runner:measure",
+                out=str(tmp_path / "bench"), shard_dir=str(tmp_path / "shards"), wandb=False)
+    clock = iter(range(0, 10**6, 40))  # each reading 40 s later: a 1.5-minute limit admits two problems
+    monkeypatch.setattr(bench, "monotonic", lambda: next(clock))
+    first = run(BenchArgs(**args, time_limit=1.5))
+    assert first["stopped_by_time_limit"] == 1 and first["problems"] == 2 and first["shard_rows"] == first["measured"] > 0
+    assert not (tmp_path / "bench" / "bench.csv").exists()
+    monkeypatch.undo()
+    second = run(BenchArgs(**args))
+    assert second["problems"] == 3 and "stopped_by_time_limit" not in second
+    # the first run's measurements were reused: only the third problem's configs are new
+    assert 0 < second["measured"] < first["measured"]
+    assert (tmp_path / "bench" / "bench.csv").exists()

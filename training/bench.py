@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from pathlib import Path
+from time import monotonic
 
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
@@ -44,6 +45,8 @@ class BenchArgs:
     shard_dir: str = flag("", "write the measurements this run adds to a new shard here")
     log_dir: str = flag("runs/bench", "folder of the offline W&B run")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    time_limit: float = flag(0.0, "minutes after which no new problem is started: the measurements so far are "
+                                  "stored (and exported), no report is written, and a re-run goes on from there")
     report_only: bool = flag(False, "measure nothing: rebuild bench.md, bench.png and the W&B run from the "
                                     "bench.csv in --out (measured on a GPU machine without wandb, say)")
 
@@ -85,10 +88,8 @@ def run(args: BenchArgs) -> dict:
 
     import hardware_specs
     from gnn_policy.measure.compile import CompilePool
-    from gnn_policy.benchmarks.data_report import problem_class
     from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
-    from gnn_policy.measure.result import CUBLAS
     from gnn_policy.measure.simulator import load_fitted
     from gnn_policy.measure.workers import WorkerPool
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
@@ -100,7 +101,6 @@ def run(args: BenchArgs) -> dict:
     policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
     analytic = load_fitted(DEFAULT_CHECKPOINT.parent / "analytic.json")
     counts: dict = {"measured": 0}
-    rows = []
     with Database(args.db) as db:
         load_shipped(db)
         since = db.high_water()
@@ -110,23 +110,42 @@ def run(args: BenchArgs) -> dict:
         with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool, \
                 (CompilePool() if real else contextlib.nullcontext()) as compiler:
             measure = Measurer(db, gpu, pool, compiler, counts)
-            found = {p.key: traces(p, gpu, policy, measure, budgets[-1], args.seed, analytic)
-                     for p in tqdm(problems, desc=f"bench {gpu.name}", unit="problem")}
-        for p in problems:
-            best = db.best_known(gpu.name, p.key)[1]
-            cublas = db.tflops(gpu.name, p.key).get(CUBLAS)
-            for method, trace in found[p.key].items():
-                for k, frac in fractions(trace, best, budgets).items():
-                    ok = [tf for _, tf in trace[:k] if tf is not None]
-                    rows.append({"gpu": gpu.name, "problem": p.key, "class": problem_class(p), "method": method, "k": k,
-                                 "fraction": round(frac, 4),
-                                 "vs_cublas": round(max(ok) / cublas, 4) if ok and cublas else None})
+            deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
+            found = {}
+            for p in tqdm(problems, desc=f"bench {gpu.name}", unit="problem"):
+                if monotonic() > deadline:
+                    break
+                found[p.key] = traces(p, gpu, policy, measure, budgets[-1], args.seed, analytic)
+        complete = len(found) == len(problems)
+        rows = _rows(db, gpu.name, problems, found, budgets) if complete else []
         if args.shard_dir:
             counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "bench", since)
+    if not complete:
+        return {"problems": len(found), **counts, "stopped_by_time_limit": 1,
+                "report": f"stopped by --time-limit after {len(found)} of {len(problems)} problems; run again "
+                          "to finish (what is measured is reused), no report written"}
     report = write_report(rows, budgets, Path(args.out), gpu.name)
     if args.wandb:
         _log_wandb(args, rows, report)
     return {"problems": len(problems), **counts, "report": report}
+
+
+def _rows(db, gpu: str, problems, found: dict, budgets: list[int]) -> list[dict]:
+    """One row per (problem, method, k): fraction of best known, and the picks against cuBLAS."""
+    from gnn_policy.benchmarks.data_report import problem_class
+    from gnn_policy.measure.result import CUBLAS
+
+    rows = []
+    for p in problems:
+        best = db.best_known(gpu, p.key)[1]
+        cublas = db.tflops(gpu, p.key).get(CUBLAS)
+        for method, trace in found[p.key].items():
+            for k, frac in fractions(trace, best, budgets).items():
+                ok = [tf for _, tf in trace[:k] if tf is not None]
+                rows.append({"gpu": gpu, "problem": p.key, "class": problem_class(p), "method": method, "k": k,
+                             "fraction": round(frac, 4),
+                             "vs_cublas": round(max(ok) / cublas, 4) if ok and cublas else None})
+    return rows
 
 
 def report_from_csv(args: BenchArgs) -> dict:
