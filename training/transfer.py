@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from pathlib import Path
+from time import monotonic
 
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
@@ -69,6 +70,10 @@ class TransferArgs:
     work: str = flag("runs/transfer", "folder of the fine-tunes' databases, checkpoints and W&B runs")
     out: str = flag("docs/data/transfer", "folder for transfer.csv, transfer.md and transfer.png")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    time_limit: float = flag(0.0, "minutes after which no new (method, budget, seed) run starts: what was measured "
+                                  "is kept, no report is written, and a re-run goes on from there")
+    shard_dir: str = flag("", "write the evaluation measurements this run adds to a new shard here "
+                              "(e.g. data/measurements), so a fresh machine can resume")
     report_only: bool = flag(False, "run nothing: rebuild transfer.md, transfer.png and the W&B runs from the "
                                     "transfer.csv in --out (written on a GPU machine without wandb, say)")
 
@@ -119,7 +124,7 @@ def run(args: TransferArgs) -> dict:
     from gnn_policy.measure.workers import WorkerPool
     from gnn_policy.policy import Policy
     from gnn_policy.search import Measurer
-    from gnn_policy.snapshot import load_shipped
+    from gnn_policy.snapshot import export_run, load_shipped
 
     spec = hardware_specs.load(args.target)
     check_held_out(args, spec.name)
@@ -146,11 +151,23 @@ def run(args: TransferArgs) -> dict:
         measure = Measurer(db, spec, pool, compiler, counts, source=source)
         jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
+        since = db.high_water()
+        deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
+        done = 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
+            if monotonic() > deadline:
+                break
             picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
-            rows += [{"target": spec.name, "source": source, "method": method, "budget": budget, "seed": seed, "problem": p.key,
-                      "picks": picks[p.key]} for p in problems]
+            rows += [{"target": spec.name, "source": source, "method": method, "budget": budget, "seed": seed,
+                      "problem": p.key, "picks": picks[p.key]} for p in problems]
+            done += 1
         best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
+        if args.shard_dir and not args.simulate:
+            counts["shard_rows"] = export_run(db, args.shard_dir, spec.name, "transfer", since)
+    if done < len(jobs):
+        return {"target": spec.name, "problems": len(problems), **counts, "stopped_by_time_limit": 1,
+                "report": f"stopped by --time-limit after {done} of {len(jobs)} runs; run again to finish "
+                          "(fine-tunes resume, measurements are reused), no report written"}
     for r in rows:
         values = r.pop("picks")
         r["top1"] = _fraction(values[:1], best[r["problem"]])
