@@ -144,6 +144,7 @@ def measure_configs(problem, configs: Sequence[TileConfig | None], *, gpu: str, 
             profile.lap("check")
             if checked and not checked.ok:
                 yield Measurement(config=key, status="wrong_result", max_rel_err=checked.error, **base)
+                profile.lap("report")
                 continue
             if config:
                 t = bench.time(config, replays, screen_ms=SCREEN * best_ms)
