@@ -1,14 +1,15 @@
 """gnn-policy bench with a fake runner: every method spends at most the budget, curves rise with k,
 new measurements are stored and shipped, the report and the W&B run are written."""
 import csv
-import dataclasses
 import random
+from pathlib import Path
 
 import torch
 
 import hardware_specs
 from gnn_policy.collect import CollectArgs, run as collect
 from gnn_policy.model import ModelConfig, PolicyModel
+from gnn_policy.policy import save_checkpoint
 from gnn_policy.search import evolutionary_search, valid_configs
 from gnn_policy.space import space
 from graphs import GemmProblem
@@ -32,13 +33,19 @@ def test_evolutionary_search_spends_its_budget_on_distinct_valid_configs():
     assert max(t for _, t in trace[15:]) >= max(t for _, t in trace[:8])
 
 
-def test_bench_measures_every_method_within_the_budget(tmp_path):
+def _fake_measured(tmp_path, problems: int, configs: int) -> tuple[str, Path]:
+    """A database of `problems` test problems measured by the fake runner, and a tiny random policy."""
     db = str(tmp_path / "m.sqlite")
-    collect(CollectArgs(db=db, gpu="h200", split="test", problems=2, configs=10, runner="fake_runner:measure"))
+    collect(CollectArgs(db=db, gpu="h200", split="test", problems=problems, configs=configs,
+                        runner="fake_runner:measure"))
     torch.manual_seed(0)
-    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
     ckpt = tmp_path / "p.pt"
-    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, ckpt)
+    save_checkpoint(PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,))), ckpt)
+    return db, ckpt
+
+
+def test_bench_measures_every_method_within_the_budget(tmp_path):
+    db, ckpt = _fake_measured(tmp_path, problems=2, configs=10)
     out = run(BenchArgs(db=db, gpu="h200", budgets="1,2,4,8", checkpoint=str(ckpt), runner="fake_runner:measure",
                         out=str(tmp_path / "bench"), shard_dir=str(tmp_path / "shards"), log_dir=str(tmp_path / "runs")))
     assert out["problems"] == 2 and out["measured"] > 0 and out["shard_rows"] == out["measured"]
@@ -62,12 +69,7 @@ def test_bench_measures_every_method_within_the_budget(tmp_path):
 def test_a_time_limited_bench_stores_what_it_measured_and_a_rerun_finishes(tmp_path, monkeypatch):
     import training.bench as bench
 
-    db = str(tmp_path / "m.sqlite")
-    collect(CollectArgs(db=db, gpu="h200", split="test", problems=3, configs=6, runner="fake_runner:measure"))
-    torch.manual_seed(0)
-    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
-    ckpt = tmp_path / "p.pt"
-    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, ckpt)
+    db, ckpt = _fake_measured(tmp_path, problems=3, configs=6)
     args = dict(db=db, gpu="h200", budgets="1,2", checkpoint=str(ckpt), runner="fake_runner:measure",
                 out=str(tmp_path / "bench"), shard_dir=str(tmp_path / "shards"), wandb=False)
     clock = iter(range(0, 10**6, 40))  # each reading 40 s later: a 1.5-minute limit admits two problems

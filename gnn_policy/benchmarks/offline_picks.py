@@ -41,7 +41,7 @@ def evaluate(db: Database, policy: Policy, gpu, split: str, global_picks: bool) 
         configs = [c for c in map(TileConfig.from_key, tf) if c in space_]
         idx = torch.tensor([space_.index(c) for c in configs])[None]
         with torch.no_grad():
-            h, mask = policy._encode(p, gpu)
+            h, mask = policy.encode(p, gpu)
             logp, cost = policy.model.log_prob(h, idx, mask)[0], policy.model.cost(h, idx)[0]
         order = logp.argsort(descending=True).tolist()
         value = [tf[configs[i].key] / best for i in order]

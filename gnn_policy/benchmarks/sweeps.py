@@ -52,9 +52,8 @@ def dense_gain(db: Database, gpu, dense: int, min_configs: int = 1000) -> dict:
             "dense_best_over_cublas_geomean": round(geomean(vs_cublas), 3) if vs_cublas else None}
 
 
-def retimes(db: Database, gpu: str) -> dict:
-    first = {(r["problem"], r["config"]): r["median_ms"] for r in db.rows_after(0)
-             if r["gpu"] == gpu and r["status"] == "ok" and r["source"] == "real"}
+def retimes(db: Database, rows: list[dict], gpu: str) -> dict:
+    first = {(r["problem"], r["config"]): r["median_ms"] for r in rows if r["gpu"] == gpu}
     again: dict[tuple, list[float]] = defaultdict(list)
     for r in db.retimes_after(0):
         if r["gpu"] == gpu and r["status"] == "ok":
@@ -68,17 +67,16 @@ def retimes(db: Database, gpu: str) -> dict:
     return out
 
 
-def slices(db: Database, full: str, min_shared: int = 50) -> dict:
-    rows = [r for r in db.rows_after(0) if r["status"] == "ok" and r["source"] == "real" and r["config"] != CUBLAS]
+def slices(rows: list[dict], full: str, min_shared: int = 50) -> dict:
     by_gpu: dict[str, dict] = defaultdict(lambda: defaultdict(dict))
-    for r in rows:
+    for r in (r for r in rows if r["config"] != CUBLAS):
         by_gpu[r["gpu"]][r["problem"]][r["config"]] = (r["median_ms"], r["problem_fields"]["m"])
     out = {}
+    full_sms, base = hardware_specs.load(full).sm_count, by_gpu[full]
     for name, problems in by_gpu.items():
         spec = hardware_specs.load(name)
         if spec.slice_of is None:
             continue
-        base = by_gpu[full]
         slower, slower_large, kept = [], [], []
         for p, configs in problems.items():
             shared = [c for c in configs if c in base.get(p, {})]
@@ -90,7 +88,7 @@ def slices(db: Database, full: str, min_shared: int = 50) -> dict:
             if len(shared) >= min_shared:
                 full_best = min(shared, key=lambda c: base[p][c][0])
                 kept.append(min(configs[c][0] for c in shared) / configs[full_best][0])
-        out[name] = {"sm_count": spec.sm_count, "sm_ratio": round(hardware_specs.load(full).sm_count / spec.sm_count, 2),
+        out[name] = {"sm_count": spec.sm_count, "sm_ratio": round(full_sms / spec.sm_count, 2),
                      "rows": sum(len(c) for c in problems.values()), "problems": len(problems),
                      "shared_pairs": len(slower),
                      "slice_over_full_time_median": round(statistics.median(slower), 2) if slower else None,
@@ -110,8 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     gpu = hardware_specs.load(ns.gpu)
     with Database(ns.db) as db:
         load_shipped(db)
-        report = {"dense_sweeps": dense_gain(db, gpu, ns.dense), "retimes": retimes(db, gpu.name),
-                  "slices": slices(db, gpu.name)}
+        rows = [r for r in db.rows_after(0) if r["status"] == "ok" and r["source"] == "real"]  # read once
+        report = {"dense_sweeps": dense_gain(db, gpu, ns.dense), "retimes": retimes(db, rows, gpu.name),
+                  "slices": slices(rows, gpu.name)}
     print(json.dumps(report, indent=1))
 
 
