@@ -10,7 +10,10 @@
   conditioned on the knobs chosen before it (autoregressive). Values that leave no valid
   completion are masked out at every step, so the product of the heads is a distribution
   over valid configs only.
-- Cost head: predicted log TFLOP/s of a (problem, GPU, config).
+- Cost head: predicted log TFLOP/s of a (problem, GPU, config). With `geometry`, it also
+  reads how the config's tiles cover the problem on this GPU (`tile_geometry`): wave
+  quantisation and tile padding are ratios of integers that an MLP over log-scaled dims and
+  knob embeddings can only approximate, and they decide the ranking of near-equal configs.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ import torch
 from torch import nn
 from torch_geometric.nn import GINEConv, global_max_pool, global_mean_pool
 
+from graphs import GemmProblem
 from graphs.build import EDGE_DIM, NODE_DIM
+from hardware_specs import GpuSpec
 from hardware_specs.features import SPEC_DIM
 from gnn_policy.space import ConfigSpace, space
 
@@ -35,6 +40,32 @@ class ModelConfig:
     gpu_names: tuple[str, ...] = ()  # GPUs with a learned embedding; others use index 0
     gpu_dropout: float = 0.3
     space: str = "full"
+    geometry: bool = True  # the cost head reads `tile_geometry` (checkpoints before it: False)
+
+
+GEOMETRY_DIM = 7
+
+
+def problem_dims(problem: GemmProblem, gpu: GpuSpec) -> torch.Tensor:
+    """[5]: batch, M, N, K and the GPU's SM count, what `tile_geometry` needs of a (problem, GPU)."""
+    return torch.tensor([problem.batch, problem.m, problem.n, problem.k, gpu.sm_count], dtype=torch.float64)
+
+
+def tile_geometry(tiles: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
+    """[..., GEOMETRY_DIM] for tile sizes [..., 4] (block_m, block_n, block_k, split_k) and
+    `problem_dims` [..., 5] broadcast against them:
+    log2 of tiles per SM, the last wave's fill, M and N coverage by the tiles (padding
+    waste), log2 of K iterations per tile, the coverage of K by them, and log2 of split_k.
+    """
+    bm, bn, bk, sk = tiles.unbind(-1)
+    batch, m, n, k, sms = dims.unbind(-1)
+    count = batch * torch.ceil(m / bm) * torch.ceil(n / bn) * sk
+    waves = torch.ceil(count / sms)
+    k_per_split = torch.ceil(k / sk)
+    k_iters = torch.ceil(k_per_split / bk)
+    feats = [torch.log2(count / sms), count / (waves * sms), m / (torch.ceil(m / bm) * bm),
+             n / (torch.ceil(n / bn) * bn), torch.log2(k_iters), k_per_split / (k_iters * bk), torch.log2(sk)]
+    return torch.stack(feats, -1).float()
 
 
 def _mlp(i: int, h: int, o: int) -> nn.Sequential:
@@ -74,7 +105,13 @@ class PolicyModel(nn.Module):
         self.film = nn.Linear(2 * h, 2 * h)
         self.knob_embed = nn.ModuleList(nn.Embedding(n, e) for n in self.space.shape)
         self.heads = nn.ModuleList(_mlp(h + i * e, h, n) for i, n in enumerate(self.space.shape))
-        self.cost_head = _mlp(h + len(self.space.shape) * e, h, 1)
+        geometry = GEOMETRY_DIM if cfg.geometry else 0
+        self.cost_head = _mlp(h + len(self.space.shape) * e + geometry, h, 1)
+        sizes = [torch.tensor(self.space.values[n], dtype=torch.float64)
+                 for n in ("block_m", "block_n", "block_k", "split_k")]
+        self._tile_sizes = sizes  # value per knob index; not state: the space defines them
+        names = [n for n, _ in self.space.knobs]
+        self._tile_knobs = [names.index(n) for n in ("block_m", "block_n", "block_k", "split_k")]
 
     def encode(self, graphs, spec: torch.Tensor, gpu_index: torch.Tensor) -> torch.Tensor:
         """[B, hidden]: a batch of problem graphs (PyG Batch), spec vectors [B, SPEC_DIM] and
@@ -116,11 +153,18 @@ class PolicyModel(nn.Module):
             total = total + masked_log_softmax(logits, rows).gather(-1, configs[..., i:i + 1]).squeeze(-1)
         return total
 
-    def cost(self, h: torch.Tensor, configs: torch.Tensor) -> torch.Tensor:
-        """Predicted log TFLOP/s [B, C] for knob indices configs [B, C, knobs]."""
+    def cost(self, h: torch.Tensor, configs: torch.Tensor, dims: torch.Tensor | None = None) -> torch.Tensor:
+        """Predicted log TFLOP/s [B, C] for knob indices configs [B, C, knobs]; `dims` [B, 5]
+        (`problem_dims`) is required when the model reads the tile geometry."""
         b, c, _ = configs.shape
         parts = [h[:, None, :].expand(b, c, h.shape[-1])]
         parts += [emb(configs[..., j]) for j, emb in enumerate(self.knob_embed)]
+        if self.cfg.geometry:
+            if dims is None:
+                raise ValueError("this model's cost head reads the tile geometry: pass dims (problem_dims)")
+            tiles = torch.stack([sizes.to(configs.device)[configs[..., j]]
+                                 for sizes, j in zip(self._tile_sizes, self._tile_knobs)], -1)
+            parts.append(tile_geometry(tiles, dims.to(tiles)[:, None, :]))
         return self.cost_head(torch.cat(parts, -1)).squeeze(-1)
 
     @torch.no_grad()

@@ -1,5 +1,6 @@
 """The policy network: a true distribution over valid configs, beam search, the cost head."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import hardware_specs
 from graphs import GemmProblem
 from graphs.build import problem_graph
 from hardware_specs.features import GpuVocab, spec_vector
-from gnn_policy.model import ModelConfig, PolicyModel, prefix_masks
+from gnn_policy.model import GEOMETRY_DIM, ModelConfig, PolicyModel, prefix_masks, problem_dims, tile_geometry
 from gnn_policy.space import space, violations
 
 H200 = hardware_specs.load("h200")
@@ -77,8 +78,29 @@ def test_cost_head_scores_each_config_and_gradients_reach_the_encoder(model):
     model.train()
     h, masks = _encode(model)
     beams, _ = model.beam_search(h, masks, k=4)
-    pred = model.cost(h, beams)
+    dims = torch.stack([problem_dims(p, H200) for p in PROBLEMS])
+    pred = model.cost(h, beams, dims)
     assert pred.shape == (2, 4)
+    with pytest.raises(ValueError, match="tile geometry"):
+        model.cost(h, beams)
     (pred.sum() - model.log_prob(h, beams, masks).sum()).backward()
     assert model.node_in.weight.grad.abs().sum() > 0 and model.hw[0].weight.grad.abs().sum() > 0
     model.eval()
+
+
+def test_tile_geometry_counts_waves_and_padding():
+    # 4096x4096 in 128x128 tiles on 132 SMs: 1024 tiles, 7.76 waves, the last 76% full.
+    dims = problem_dims(GemmProblem(4096, 4096, 4096), H200)
+    g = tile_geometry(torch.tensor([128.0, 128.0, 64.0, 1.0], dtype=torch.float64), dims)
+    assert g.shape == (GEOMETRY_DIM,)
+    assert g[0].item() == pytest.approx(math.log2(1024 / 132), rel=1e-6)
+    assert g[1].item() == pytest.approx(1024 / (8 * 132), rel=1e-6)
+    assert g[2].item() == g[3].item() == 1.0  # no padding
+    assert g[4].item() == pytest.approx(6.0)  # 64 K iterations
+    # M = 16 in 64-row tiles wastes three quarters; split-K 4 of K = 100 in 32-wide steps: 25 -> one step of 32.
+    g = tile_geometry(torch.tensor([64.0, 128.0, 32.0, 4.0], dtype=torch.float64),
+                      problem_dims(GemmProblem(16, 256, 100), H200))
+    assert g[2].item() == pytest.approx(0.25)
+    assert g[5].item() == pytest.approx(25 / 32)
+    assert g[6].item() == pytest.approx(2.0)
+    assert g[0].item() == pytest.approx(math.log2(8 / 132), rel=1e-6)  # 1 x 2 tiles x 4 splits

@@ -53,7 +53,7 @@ def test_a_tiny_seeded_run_trains_and_ships_a_loadable_checkpoint(tmp_path):
     assert list((tmp_path / "runs" / "wandb").glob("offline-run-*"))
 
 
-PINNED_LOSS = 13.16887  # measured with torch 2.13.0 (CPU), seed 0
+PINNED_LOSS = 13.13282  # measured with torch 2.13.0 (CPU), seed 0, cost head with tile geometry
 
 
 def test_imitation_trains_on_imported_configs_and_logs_it(tmp_path):

@@ -27,6 +27,7 @@ from graphs.build import problem_graph
 from hardware_specs.features import GpuVocab, spec_vector
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
+from gnn_policy.model import problem_dims
 from gnn_policy.space import ConfigSpace, TileConfig
 from training.imported import Demonstration
 
@@ -101,6 +102,7 @@ class Collated:
     valid: torch.Tensor  # [B, C] False on padding
     failed: torch.Tensor  # [B, F, knobs]
     failed_valid: torch.Tensor  # [B, F]
+    dims: torch.Tensor  # [B, 5] `problem_dims`, for the cost head's tile geometry
 
 
 def collate(samples: Sequence[Sample], space: ConfigSpace, vocab: GpuVocab) -> Collated:
@@ -124,4 +126,5 @@ def collate(samples: Sequence[Sample], space: ConfigSpace, vocab: GpuVocab) -> C
         spec=torch.stack([spec_vector(specs[s.gpu]) for s in samples]),
         gpu_index=torch.tensor([vocab.index(s.gpu) for s in samples]),
         masks=torch.stack([space.problem_mask(specs[s.gpu], s.problem) for s in samples]),
-        configs=configs, log_tflops=log_tflops, valid=valid, failed=failed, failed_valid=failed_valid)
+        configs=configs, log_tflops=log_tflops, valid=valid, failed=failed, failed_valid=failed_valid,
+        dims=torch.stack([problem_dims(s.problem, specs[s.gpu]) for s in samples]))

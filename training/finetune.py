@@ -246,7 +246,7 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random) 
         return []
     with torch.no_grad():
         h, _ = policy.encode(problem, spec)
-        score = policy.model.cost(h, torch.tensor([space_.index(c) for c in fresh])[None])[0]
+        score = policy.cost(h, problem, spec, torch.tensor([space_.index(c) for c in fresh])[None])[0]
     return [fresh[i] for i in score.argsort(descending=True)[:n].tolist()]
 
 

@@ -40,7 +40,7 @@ def objective(model: PolicyModel, batch: Collated | None, demos: Collated | None
         target = listwise_target(batch.log_tflops, batch.valid, weights.temperature)
         policy = listwise_loss(logp, target, batch.valid)
         failed = failure_loss(model.log_prob(h, batch.failed, batch.masks), batch.failed_valid)
-        pred = model.cost(h, batch.configs)
+        pred = model.cost(h, batch.configs, batch.dims)
         rank = ranking_loss(pred, batch.log_tflops, batch.valid)
         reg = regression_loss(pred, batch.log_tflops, batch.valid)
         parts.append(policy + weights.failure * failed + weights.cost * (rank + weights.regression * reg))

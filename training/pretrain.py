@@ -32,6 +32,7 @@ class PretrainArgs:
     lr: float = flag(1e-3, "AdamW learning rate")
     hidden: int = flag(128, "width of the encoders and heads")
     layers: int = flag(3, "GINEConv layers")
+    geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps)")
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)")
     seed: int = flag(0, "seed of weights, shuffling and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for pretrained.pt and pretrained.card.json")
@@ -63,7 +64,7 @@ def run(args: PretrainArgs) -> dict:
     pl.seed_everything(args.seed, workers=True)
     demos = load_demonstrations(args.imported, ModelConfig.space)[0] if args.imitation_weight > 0 else []
     gpu_names = tuple(sorted({*args.gpus, *(d.gpu for d in demos)}))
-    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=gpu_names)
+    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=gpu_names, geometry=args.geometry)
     data = MeasurementDataModule(args.db, args.gpus, space(model_config.space), GpuVocab(model_config.gpu_names),
                                  batch_size=args.batch_size, demos=demos)
     data.setup()

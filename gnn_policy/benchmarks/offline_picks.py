@@ -42,7 +42,7 @@ def evaluate(db: Database, policy: Policy, gpu, split: str, global_picks: bool) 
         idx = torch.tensor([space_.index(c) for c in configs])[None]
         with torch.no_grad():
             h, mask = policy.encode(p, gpu)
-            logp, cost = policy.model.log_prob(h, idx, mask)[0], policy.model.cost(h, idx)[0]
+            logp, cost = policy.model.log_prob(h, idx, mask)[0], policy.cost(h, p, gpu, idx)[0]
         order = logp.argsort(descending=True).tolist()
         value = [tf[configs[i].key] / best for i in order]
         first = first_pick([logp[i].item() for i in order], [cost[i].item() for i in order])
