@@ -44,6 +44,7 @@ class ModelConfig:
 
 
 GEOMETRY_DIM = 7
+TILE_KNOBS = ("block_m", "block_n", "block_k", "split_k")  # the knobs `tile_geometry` reads, in its order
 
 
 def problem_dims(problem: GemmProblem, gpu: GpuSpec) -> torch.Tensor:
@@ -54,8 +55,9 @@ def problem_dims(problem: GemmProblem, gpu: GpuSpec) -> torch.Tensor:
 def tile_geometry(tiles: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
     """[..., GEOMETRY_DIM] for tile sizes [..., 4] (block_m, block_n, block_k, split_k) and
     `problem_dims` [..., 5] broadcast against them:
-    log2 of tiles per SM, the last wave's fill, M and N coverage by the tiles (padding
-    waste), log2 of K iterations per tile, the coverage of K by them, and log2 of split_k.
+    log2 of tiles per SM, the wave efficiency tiles / (waves x SMs), M and N coverage by the
+    tiles (padding waste), log2 of K iterations per tile, the coverage of K by them, and
+    log2 of split_k. A tile is one program of the launch grid; several may share an SM.
     """
     bm, bn, bk, sk = tiles.unbind(-1)
     batch, m, n, k, sms = dims.unbind(-1)
@@ -65,7 +67,7 @@ def tile_geometry(tiles: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
     k_iters = torch.ceil(k_per_split / bk)
     feats = [torch.log2(count / sms), count / (waves * sms), m / (torch.ceil(m / bm) * bm),
              n / (torch.ceil(n / bn) * bn), torch.log2(k_iters), k_per_split / (k_iters * bk), torch.log2(sk)]
-    return torch.stack(feats, -1).float()
+    return torch.stack(feats, -1)
 
 
 def _mlp(i: int, h: int, o: int) -> nn.Sequential:
@@ -107,11 +109,10 @@ class PolicyModel(nn.Module):
         self.heads = nn.ModuleList(_mlp(h + i * e, h, n) for i, n in enumerate(self.space.shape))
         geometry = GEOMETRY_DIM if cfg.geometry else 0
         self.cost_head = _mlp(h + len(self.space.shape) * e + geometry, h, 1)
-        sizes = [torch.tensor(self.space.values[n], dtype=torch.float64)
-                 for n in ("block_m", "block_n", "block_k", "split_k")]
-        self._tile_sizes = sizes  # value per knob index; not state: the space defines them
-        names = [n for n, _ in self.space.knobs]
-        self._tile_knobs = [names.index(n) for n in ("block_m", "block_n", "block_k", "split_k")]
+        if cfg.geometry:  # value per knob index; not in the state_dict: the space defines them
+            for n in TILE_KNOBS:
+                self.register_buffer(f"{n}_sizes", torch.tensor(self.space.values[n], dtype=torch.float64),
+                                     persistent=False)
 
     def encode(self, graphs, spec: torch.Tensor, gpu_index: torch.Tensor) -> torch.Tensor:
         """[B, hidden]: a batch of problem graphs (PyG Batch), spec vectors [B, SPEC_DIM] and
@@ -160,11 +161,12 @@ class PolicyModel(nn.Module):
         parts = [h[:, None, :].expand(b, c, h.shape[-1])]
         parts += [emb(configs[..., j]) for j, emb in enumerate(self.knob_embed)]
         if self.cfg.geometry:
-            if dims is None:
-                raise ValueError("this model's cost head reads the tile geometry: pass dims (problem_dims)")
-            tiles = torch.stack([sizes.to(configs.device)[configs[..., j]]
-                                 for sizes, j in zip(self._tile_sizes, self._tile_knobs)], -1)
-            parts.append(tile_geometry(tiles, dims.to(tiles)[:, None, :]))
+            if dims is None or dims.shape != (b, 5):
+                raise ValueError(f"this model's cost head reads the tile geometry: pass dims [{b}, 5] "
+                                 "(problem_dims of each problem)")
+            names = [n for n, _ in self.space.knobs]
+            tiles = torch.stack([getattr(self, f"{n}_sizes")[configs[..., names.index(n)]] for n in TILE_KNOBS], -1)
+            parts.append(tile_geometry(tiles, dims.to(tiles)[:, None, :]).to(h.dtype))
         return self.cost_head(torch.cat(parts, -1)).squeeze(-1)
 
     @torch.no_grad()

@@ -89,7 +89,7 @@ def test_cost_head_scores_each_config_and_gradients_reach_the_encoder(model):
 
 
 def test_tile_geometry_counts_waves_and_padding():
-    # 4096x4096 in 128x128 tiles on 132 SMs: 1024 tiles, 7.76 waves, the last 76% full.
+    # 4096x4096 in 128x128 tiles on 132 SMs: 1024 tiles in 8 waves, 97% of their slots used.
     dims = problem_dims(GemmProblem(4096, 4096, 4096), H200)
     g = tile_geometry(torch.tensor([128.0, 128.0, 64.0, 1.0], dtype=torch.float64), dims)
     assert g.shape == (GEOMETRY_DIM,)
@@ -97,7 +97,7 @@ def test_tile_geometry_counts_waves_and_padding():
     assert g[1].item() == pytest.approx(1024 / (8 * 132), rel=1e-6)
     assert g[2].item() == g[3].item() == 1.0  # no padding
     assert g[4].item() == pytest.approx(6.0)  # 64 K iterations
-    # M = 16 in 64-row tiles wastes three quarters; split-K 4 of K = 100 in 32-wide steps: 25 -> one step of 32.
+    # M = 16 in 64-row tiles wastes three quarters; K = 100 split 4 ways is 25 per split, in one 32-wide step.
     g = tile_geometry(torch.tensor([64.0, 128.0, 32.0, 4.0], dtype=torch.float64),
                       problem_dims(GemmProblem(16, 256, 100), H200))
     assert g[2].item() == pytest.approx(0.25)

@@ -94,3 +94,18 @@ def test_the_pruner_reads_keyword_arguments_and_puts_ruled_out_configs_last(chec
     fine = TileConfig(64, 64, 32).to_triton()
     prune = autotune_pruner(policy, 1, H200, lambda a: GemmProblem(a["M"], 256, 64))["early_config_prune"]
     assert prune([ruled_out, fine], {"out": None}, M=16) == [fine]
+
+
+def test_a_checkpoint_saved_before_the_tile_geometry_loads_and_ranks(tmp_path):
+    torch.manual_seed(0)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,), geometry=False))
+    config = dataclasses.asdict(model.cfg)
+    del config["geometry"]  # what such a checkpoint holds
+    torch.save({"model_config": config, "state_dict": model.state_dict()}, tmp_path / "old.pt")
+    policy = Policy.load(tmp_path / "old.pt")
+    assert not policy.model.cfg.geometry
+    picks = policy.top_k(P, H200, 4)
+    assert len(picks) == 4 and all(p.predicted_tflops > 0 for p in picks)
+    # a model with the geometry has a cost head wider by the geometry features
+    new = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
+    assert new.cost_head[0].in_features == model.cost_head[0].in_features + 7

@@ -64,6 +64,7 @@ class MetaPretrainArgs:
     batch_size: int = flag(16, "problems per inner-step batch")
     hidden: int = flag(128, "width of the encoders and heads")
     layers: int = flag(3, "GINEConv layers")
+    geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps)")
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)")
     seed: int = flag(0, "seed of weights, simulated configs, task draws and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for meta.pt (or plain.pt) and its card")
@@ -95,7 +96,8 @@ def run(args: MetaPretrainArgs) -> dict:
     pl.seed_everything(args.seed, workers=True)
     tasks, held, space_, fitted_on = _tasks(args)
     data_seconds = time.time() - start
-    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=tuple(t.gpu for t in tasks))
+    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=tuple(t.gpu for t in tasks),
+                               geometry=args.geometry)
     # θ + 1·(θ' − θ) = θ': with one optimiser kept across tasks, that is ordinary training
     reptile = ReptileConfig(inner_steps=args.inner_steps, inner_lr=args.inner_lr,
                             epsilon=1.0 if args.plain else args.epsilon,
