@@ -41,10 +41,23 @@ def test_an_sm_slice_is_correct_and_slower_in_proportion():
     problem = GemmProblem(4096, 4096, 4096, dtype="bf16")
     config = TileConfig(128, 256, 64, 1, 8, 8, 3, "tma")
     full = Bench(problem, l2)
-    half = Bench(problem, l2, stream=slice_stream(66))
+    half = Bench(problem, l2, stream=slice_stream(64))  # a multiple of 8: Hopper's slice granularity
     assert half.check(config).ok
     ratio = half.time(config).median_ms / full.time(config).median_ms
-    assert 1.6 < ratio < 2.4, ratio  # 132 / 66 SMs on a compute-bound GEMM
+    assert 1.65 < ratio < 2.5, ratio  # 132 / 64 SMs on a compute-bound GEMM
+
+
+def test_a_slice_stream_reaches_exactly_its_sms_or_is_refused():
+    from gnn_policy.measure.slices import SliceError, slice_stream, sms_reached
+
+    assert sms_reached(torch.cuda.Stream()) == hardware_specs.detect().sm_count
+    assert sms_reached(slice_stream(16)) == 16
+    try:
+        stream = slice_stream(66)  # not a multiple of 8: the driver may round it up
+    except SliceError as exc:
+        assert "runs kernels on" in str(exc)
+    else:
+        assert sms_reached(stream) == 66
 
 
 def test_a_faulting_and_a_hanging_kernel_become_rows_and_the_run_goes_on():
