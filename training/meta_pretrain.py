@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the job's module stays light: the CLI imports it for the fl
     from training.tasks import HeldOut, Task
 
 ANALYTIC = Path(__file__).resolve().parent.parent / "checkpoints" / "analytic.json"
-H200_SLICES = ("h200-sm16", "h200-sm33", "h200-sm66", "h200-sm100")
+H200_SLICES = ("h200-sm16", "h200-sm32", "h200-sm64", "h200-sm96")  # multiples of 8: Hopper's slice granularity
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@ more GPUs and report how well it predicts: fitted on the train families, checked
 (and per GPU).
 
     python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --out checkpoints/analytic.json
-    python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --gpu h200-sm16,h200-sm33,h200-sm66,h200-sm100
+    python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --gpu h200-sm16,h200-sm32,h200-sm64,h200-sm96
 
 The second form leaves the full H200 out, for the transfer experiment that holds it out.
 
