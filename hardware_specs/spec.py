@@ -178,13 +178,27 @@ def available() -> list[str]:
 _SLICE = re.compile(r"(.+?)[-_]sm(\d+)", re.IGNORECASE)
 
 
+def slice_granularity(compute_capability: str) -> tuple[int, int]:
+    """(minimum, multiple) SM count of a green-context slice, CUDA's guideline per architecture.
+
+    Measured on the H200 (9.0): asking for 33, 66 or 100 SMs gave 40, 72 and 104."""
+    major = int(compute_capability.split(".")[0])
+    return {6: (1, 1), 7: (2, 2), 8: (4, 2)}.get(major, (8, 8))
+
+
 def sm_slice(base: GpuSpec, sm_count: int) -> GpuSpec:
     """`base` restricted to `sm_count` SMs (a CUDA green context): same L2, memory and
-    per-SM limits; peak rates scale with the SM count."""
+    per-SM limits; peak rates scale with the SM count. A count the driver would round
+    (`slice_granularity`) is refused: its kernels would run on more SMs than the spec says."""
     if base.slice_of:
         base = load(base.slice_of)
     if not 1 <= sm_count <= base.sm_count:
         raise SpecError(f"{base.name} has {base.sm_count} SMs; a slice of {sm_count} is impossible")
+    least, multiple = slice_granularity(base.compute_capability)
+    if sm_count != base.sm_count and (sm_count < least or sm_count % multiple):
+        raise SpecError(f"{base.name} (compute capability {base.compute_capability}) slices come in multiples of "
+                        f"{multiple} SMs, at least {least}: a green context of {sm_count} would run on "
+                        f"{max(least, -(-sm_count // multiple) * multiple)}")
     if sm_count == base.sm_count:
         return base
     scale = sm_count / base.sm_count
@@ -199,7 +213,7 @@ def sm_slice(base: GpuSpec, sm_count: int) -> GpuSpec:
 def load(name: str) -> GpuSpec:
     """The spec for a GPU name or alias (case and punctuation are ignored).
 
-    `<gpu>-smNN` (e.g. `h200-sm66`) is that GPU restricted to NN SMs (`sm_slice`).
+    `<gpu>-smNN` (e.g. `h200-sm64`) is that GPU restricted to NN SMs (`sm_slice`).
     """
     specs, index = _registry()
     key = _normalise(name)

@@ -75,7 +75,7 @@ def test_no_snapshot_refuses_a_database_with_earlier_rows_of_the_gpu(tmp_path, c
 def test_the_wrong_gpu_is_refused_with_a_way_out():
     with pytest.raises(FinetuneError, match="does not match this machine's H200-SXM-141GB.*--simulate"):
         check_gpu(hardware_specs.load("h100"), H200, simulate=False)
-    check_gpu(hardware_specs.load("h200-sm66"), H200, simulate=False)  # a slice of the local GPU is fine
+    check_gpu(hardware_specs.load("h200-sm64"), H200, simulate=False)  # a slice of the local GPU is fine
     check_gpu(hardware_specs.load("h100"), H200, simulate=True)
     with pytest.raises(FinetuneError, match="no CUDA GPU here"):
         check_gpu(H200, None, simulate=False)

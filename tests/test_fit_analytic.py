@@ -11,13 +11,13 @@ from gnn_policy.measure.simulator import fitted_gpus, load_fitted
 def test_one_fit_over_two_gpus_reports_each(tmp_path, monkeypatch):
     monkeypatch.setattr("gnn_policy.benchmarks.fit_analytic.load_shipped", lambda db: 0)  # fake rows only
     db = str(tmp_path / "m.sqlite")
-    for gpu in ("h200", "h200-sm66"):
+    for gpu in ("h200", "h200-sm64"):
         collect(CollectArgs(db=db, gpu=gpu, split="all", problems=12, configs=8, lists=False,
                             runner="fake_runner:measure"))
     out = tmp_path / "analytic.json"
-    main(["--db", db, "--gpu", "h200,h200-sm66", "--out", str(out)])
+    main(["--db", db, "--gpu", "h200,h200-sm64", "--out", str(out)])
     report = json.loads(out.read_text())
-    assert fitted_gpus(out) == ["H200-SXM-141GB", "H200-SXM-141GB-sm66"]
+    assert fitted_gpus(out) == ["H200-SXM-141GB", "H200-SXM-141GB-sm64"]
     assert set(report["per_gpu_val_and_test"]) == set(report["gpus"])
     assert report["train"]["rows"] > 0 and load_fitted(out).efficiency > 0
     with pytest.raises(SystemExit, match="no correct real Triton rows for H200-SXM-141GB-sm16"):

@@ -30,7 +30,7 @@ from training.objective import LossWeights
 from training.tasks import Simulation, TaskError, build_tasks, held_out
 
 H200 = hardware_specs.load("h200")
-SLICE = hardware_specs.load("h200-sm66")
+SLICE = hardware_specs.load("h200-sm64")
 SIM = Simulation(load_fitted(ANALYTIC), space("full"), configs=8, seed=0)
 
 

@@ -101,11 +101,20 @@ def test_detect_cross_checks_and_warns(monkeypatch):
 
 
 def test_sm_slices_scale_the_sm_count_and_peaks():
-    s = hardware_specs.load("h200-sm66")
+    s = hardware_specs.load("h200-sm64")
     full = hardware_specs.load("h200")
-    assert (s.name, s.sm_count, s.slice_of) == ("H200-SXM-141GB-sm66", 66, "H200-SXM-141GB")
-    assert s.peak("bf16") == round(full.peak("bf16") / 2, 1) and s.l2_bytes == full.l2_bytes
-    assert hardware_specs.load("H200-SXM-141GB-sm66") == s  # its own name loads it back
+    assert (s.name, s.sm_count, s.slice_of) == ("H200-SXM-141GB-sm64", 64, "H200-SXM-141GB")
+    assert s.peak("bf16") == round(full.peak("bf16") * 64 / 132, 1) and s.l2_bytes == full.l2_bytes
+    assert hardware_specs.load("H200-SXM-141GB-sm64") == s  # its own name loads it back
     assert hardware_specs.load("h200_sm132") == full
     with pytest.raises(hardware_specs.SpecError, match="132 SMs"):
         hardware_specs.load("h200-sm200")
+
+
+def test_a_slice_the_driver_would_round_is_refused():
+    # on the H200 a green context of 66 SMs ran on 72: a spec saying 66 would be wrong
+    with pytest.raises(hardware_specs.SpecError, match="multiples of 8 SMs.*would run on 72"):
+        hardware_specs.load("h200-sm66")
+    with pytest.raises(hardware_specs.SpecError, match="at least 8"):
+        hardware_specs.load("h200-sm4")
+    assert hardware_specs.load("a100-sm6").sm_count == 6  # Ampere: multiples of 2, at least 4

@@ -39,7 +39,7 @@ class FinetuneError(RuntimeError):
 class FinetuneArgs:
     """Adapt a pretrained policy to one GPU on a budget of real measurements (resumable)."""
 
-    gpu: str = flag(help="GPU to adapt to: a spec name (h200) or an SM slice of the local one (h200-sm66)")
+    gpu: str = flag(help="GPU to adapt to: a spec name (h200) or an SM slice of the local one (h200-sm64)")
     budget: str = flag("64", "real measurements (64) or measuring time (10m, 90s)")
     db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
     checkpoint: str = flag("", "policy to start from (default: checkpoints/pretrained.pt)")
@@ -98,7 +98,7 @@ def check_gpu(spec, local, simulate: bool) -> None:
     if (spec.slice_of or spec.name) != local.name:
         raise FinetuneError(f"--gpu {spec.name} does not match this machine's {local.name}: measurements here "
                             f"would be labelled with the wrong GPU. Use --gpu {local.name.lower()} (or a slice "
-                            "of it, e.g. h200-sm66), or --simulate to adapt on the analytic model's labels")
+                            "of it, e.g. h200-sm64), or --simulate to adapt on the analytic model's labels")
 
 
 def run(args: FinetuneArgs) -> dict:

@@ -3,7 +3,7 @@
 A task is a GPU and what is known of its speed on the train-family problems, from up to
 three sources:
 - real: the GPU's correct measurements in the database. Today that is the H200; an SM slice
-  (`H200-SXM-141GB-sm66`) becomes a task as soon as the database has rows for it;
+  (`H200-SXM-141GB-sm64`) becomes a task as soon as the database has rows for it;
 - simulated: for each problem, a stratified, seeded sample of valid configs timed by the
   analytic model (checkpoints/analytic.json), built in memory;
 - imported: the vLLM / SGLang winners for the GPU (`training.imported`), imitation targets.
@@ -110,7 +110,7 @@ def canonical(names: Sequence[str], what: str) -> tuple[str, ...]:
         try:
             out.append(hardware_specs.load(name).name)
         except SpecError as exc:
-            raise SpecError(f"{what}: {exc} (or an SM slice such as h200-sm66)") from None
+            raise SpecError(f"{what}: {exc} (or an SM slice such as h200-sm64)") from None
     return tuple(dict.fromkeys(out))
 
 

@@ -95,7 +95,7 @@ def check_held_out(args: TransferArgs, target: str) -> None:
             raise TransferError(f"{name} {path} does not exist")
         if target in seen_gpus(path):
             raise TransferError(f"{name} {path} was trained on {target}, the held-out target: pretrain "
-                                f"without it (e.g. gnn-policy pretrain --gpus h200-sm66 ... --out DIR)")
+                                f"without it (e.g. gnn-policy pretrain --gpus h200-sm64 ... --out DIR)")
         card = Path(path).with_suffix(".card.json")  # meta.pt -> meta.card.json
         simulator = json.loads(card.read_text()).get("simulator", {}) if card.exists() else {}
         if target in simulator.get("fitted_on", []) and not args.simulate:

@@ -6,7 +6,7 @@ and writes one JSON line per pair (first and second median time, their ratio). `
 prints the spread from that file without a GPU.
 
     python -m gnn_policy.benchmarks.noise --db m.sqlite --out docs/data/noise.jsonl
-    python -m gnn_policy.benchmarks.noise --db m.sqlite --gpu h200-sm66 --out docs/data/noise-sm66.jsonl
+    python -m gnn_policy.benchmarks.noise --db m.sqlite --gpu h200-sm64 --out docs/data/noise-sm64.jsonl
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per pair")
-    ap.add_argument("--gpu", default="h200", help="GPU spec name; an SM slice (h200-sm66) is timed on its SMs")
+    ap.add_argument("--gpu", default="h200", help="GPU spec name; an SM slice (h200-sm64) is timed on its SMs")
     ap.add_argument("--pairs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--report", action="store_true", help="only summarise --out (no GPU)")
