@@ -22,3 +22,10 @@ def test_one_fit_over_two_gpus_reports_each(tmp_path, monkeypatch):
     assert report["train"]["rows"] > 0 and load_fitted(out).efficiency > 0
     with pytest.raises(SystemExit, match="no correct real Triton rows for H200-SXM-141GB-sm16"):
         main(["--db", db, "--gpu", "h200,h200-sm16"])
+    # fitted on the slice alone, checked on every H200 row
+    main(["--db", db, "--gpu", "h200-sm64", "--held-out-gpu", "h200", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert fitted_gpus(out) == ["H200-SXM-141GB-sm64"]
+    assert report["held_out_gpu"]["gpu"] == "H200-SXM-141GB" and report["held_out_gpu"]["problems"] == 12
+    with pytest.raises(SystemExit, match="also in --gpu"):
+        main(["--db", db, "--gpu", "h200,h200-sm64", "--held-out-gpu", "h200"])

@@ -3,9 +3,11 @@ more GPUs and report how well it predicts: fitted on the train families, checked
 (and per GPU).
 
     python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --out checkpoints/analytic.json
-    python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --gpu h200-sm16,h200-sm32,h200-sm64,h200-sm96
+    python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --gpu h200-sm16,h200-sm32,h200-sm64,h200-sm96 \
+        --held-out-gpu h200
 
-The second form leaves the full H200 out, for the transfer experiment that holds it out.
+The second form leaves the full H200 out, for the transfer experiment that holds it out, and
+reports how the fit predicts the H200's rows (every family): the `analytic` baseline there.
 
 Error figures: median |log(predicted / measured time)| over correct Triton rows, and the
 `analytic` baseline's quality, the measured TFLOP/s of the config the model ranks first among
@@ -31,6 +33,8 @@ from gnn_policy.space import TileConfig
 
 
 def evaluate(model: AnalyticModel, data: list) -> dict:
+    if not data:  # e.g. a slice measured on train problems only
+        return {"rows": 0, "problems": 0}
     pred = model.predict_ms([d[:3] for d in data]).tolist()
     by_problem = defaultdict(list)
     for p, d in zip(pred, data):
@@ -46,18 +50,24 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True, help="database (the shipped snapshot is loaded into it)")
     ap.add_argument("--gpu", default="H200-SXM-141GB", help="GPU spec name, or several separated by commas")
+    ap.add_argument("--held-out-gpu", default="", help="a GPU not fitted on whose rows the fit is also checked on")
     ap.add_argument("--out", type=Path, help="write the fitted coefficients and the figures here (JSON)")
     ns = ap.parse_args(argv)
     gpus = {g.name: g for g in (hardware_specs.load(n) for n in ns.gpu.split(","))}
+    other = hardware_specs.load(ns.held_out_gpu) if ns.held_out_gpu else None
+    if other and other.name in gpus:
+        raise SystemExit(f"--held-out-gpu {other.name} is also in --gpu")
+    known = {**gpus, **({other.name: other} if other else {})}
     with Database(ns.db) as db:
         load_shipped(db)
-        rows = [r for r in db.rows_after(0) if r["gpu"] in gpus and r["source"] == "real"
+        rows = [r for r in db.rows_after(0) if r["gpu"] in known and r["source"] == "real"
                 and r["status"] == "ok" and r["config"] != CUBLAS]
-    missing = set(gpus) - {r["gpu"] for r in rows}
+    missing = set(known) - {r["gpu"] for r in rows}
     if missing:
         raise SystemExit(f"no correct real Triton rows for {', '.join(sorted(missing))} in {ns.db}")
-    data = [(problem_from_fields(r["problem_fields"]), TileConfig.from_key(r["config"]), gpus[r["gpu"]],
-             r["median_ms"]) for r in rows]
+    every = [(problem_from_fields(r["problem_fields"]), TileConfig.from_key(r["config"]), known[r["gpu"]],
+              r["median_ms"]) for r in rows]
+    data = [d for d in every if d[2].name in gpus]
     family = {f: s for s, fs in SPLITS.items() for f in fs}
     train = [d for d in data if family[d[0].model] == "train"]
     held_out = [d for d in data if family[d[0].model] != "train"]
@@ -65,8 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     report = {"gpus": sorted(gpus), "coefficients": dataclasses.asdict(model),
               "train": evaluate(model, train), "val_and_test": evaluate(model, held_out)}
     if len(gpus) > 1:
-        report["per_gpu_val_and_test"] = {g: evaluate(model, [d for d in held_out if d[2].name == g])
-                                          for g in sorted(gpus)}
+        for name, part in (("train", train), ("val_and_test", held_out)):
+            report[f"per_gpu_{name}"] = {g: evaluate(model, [d for d in part if d[2].name == g]) for g in sorted(gpus)}
+    if other:
+        report["held_out_gpu"] = {"gpu": other.name, **evaluate(model, [d for d in every if d[2].name == other.name])}
     print(json.dumps(report, indent=1))
     if ns.out:
         ns.out.write_text(json.dumps(report, indent=1) + "\n")
