@@ -5,6 +5,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -84,9 +85,19 @@ def tiny_run(tmp_path_factory):
     args = MetaPretrainArgs(db=str(tmp / "m.sqlite"), simulate=("a100", "l4", "h200"), problems=6, configs=8,
                             val_problems=4, epochs=2, steps_per_epoch=2, inner_steps=2, batch_size=2, hidden=16,
                             layers=1, out=str(tmp / "ckpt"), log_dir=str(tmp / "runs"), wandb=False)
-    with pytest.warns(UserWarning, match="fitted on H200-SXM-141GB, which is held out"):
-        card = run(args)
+    card = run(args)  # the default analytic model was fitted on slices only: no label saw the H200
+    assert H200.name not in card["simulator"]["fitted_on"]
     return tmp, card
+
+
+def test_labels_from_an_analytic_model_fitted_on_the_held_out_gpu_are_warned_of(tiny_run):
+    tmp, _ = tiny_run
+    args = MetaPretrainArgs(db=str(tmp / "m.sqlite"), simulate=("l4",), problems=2, configs=4, val_problems=2,
+                            epochs=1, steps_per_epoch=1, inner_steps=1, batch_size=2, hidden=8, layers=1,
+                            analytic=str(Path(ANALYTIC).with_name("analytic.json")), out=str(tmp / "ckpt2"),
+                            log_dir=str(tmp / "runs2"), wandb=False)
+    with pytest.warns(UserWarning, match="fitted on H200-SXM-141GB, which is held out"):
+        run(args)
 
 
 def test_a_tiny_run_ships_a_loadable_checkpoint_without_the_held_out_gpu(tiny_run):

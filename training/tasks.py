@@ -5,7 +5,7 @@ three sources:
 - real: the GPU's correct measurements in the database. Today that is the H200; an SM slice
   (`H200-SXM-141GB-sm64`) becomes a task as soon as the database has rows for it;
 - simulated: for each problem, a stratified, seeded sample of valid configs timed by the
-  analytic model (checkpoints/analytic.json), built in memory;
+  analytic model (checkpoints/analytic-slices.json by default), built in memory;
 - imported: the vLLM / SGLang winners for the GPU (`training.imported`), imitation targets.
 A GPU with real rows takes them instead of simulated ones: two label sets of one GPU would
 disagree, and the measured one is what the simulator only approximates. Imported

@@ -56,7 +56,8 @@ class TransferArgs:
     budgets: str = flag("0,16,32,64,128,256", "total measurements on the target, comma-separated")
     seeds: str = flag("0", "seeds, comma-separated (fine-tune choices, scratch weights, searches)")
     meta: str = flag(str(CHECKPOINTS / "meta.pt"), "meta-pretrained checkpoint, trained without the target")
-    analytic: str = flag(str(CHECKPOINTS / "analytic.json"), "analytic model, fitted without the target")
+    analytic: str = flag(str(CHECKPOINTS / "analytic-slices.json"), "analytic model, fitted without the target "
+                                                                    "(the default: on H200 slices only)")
     db: str = flag(str(DEFAULT_PATH), "database holding best known on the target; evaluation picks are stored "
                                       "here (--simulate uses a database of its own under --work)")
     problems: int = flag(40, "the test split's first N problems in collection order (a dense sweep's), those "
