@@ -109,6 +109,8 @@ class PolicyModel(nn.Module):
         self.heads = nn.ModuleList(_mlp(h + i * e, h, n) for i, n in enumerate(self.space.shape))
         geometry = GEOMETRY_DIM if cfg.geometry else 0
         self.cost_head = _mlp(h + len(self.space.shape) * e + geometry, h, 1)
+        names = [n for n, _ in self.space.knobs]
+        self._tile_knobs = [names.index(n) for n in TILE_KNOBS] if cfg.geometry else []
         if cfg.geometry:  # value per knob index; not in the state_dict: the space defines them
             for n in TILE_KNOBS:
                 self.register_buffer(f"{n}_sizes", torch.tensor(self.space.values[n], dtype=torch.float64),
@@ -164,8 +166,8 @@ class PolicyModel(nn.Module):
             if dims is None or dims.shape != (b, 5):
                 raise ValueError(f"this model's cost head reads the tile geometry: pass dims [{b}, 5] "
                                  "(problem_dims of each problem)")
-            names = [n for n, _ in self.space.knobs]
-            tiles = torch.stack([getattr(self, f"{n}_sizes")[configs[..., names.index(n)]] for n in TILE_KNOBS], -1)
+            tiles = torch.stack([getattr(self, f"{n}_sizes")[configs[..., j]]
+                                 for n, j in zip(TILE_KNOBS, self._tile_knobs)], -1)
             parts.append(tile_geometry(tiles, dims.to(tiles)[:, None, :]).to(h.dtype))
         return self.cost_head(torch.cat(parts, -1)).squeeze(-1)
 

@@ -194,13 +194,13 @@ def sm_slice(base: GpuSpec, sm_count: int) -> GpuSpec:
         base = load(base.slice_of)
     if not 1 <= sm_count <= base.sm_count:
         raise SpecError(f"{base.name} has {base.sm_count} SMs; a slice of {sm_count} is impossible")
+    if sm_count == base.sm_count:
+        return base
     least, multiple = slice_granularity(base.compute_capability)
-    if sm_count != base.sm_count and (sm_count < least or sm_count % multiple):
+    if sm_count < least or sm_count % multiple:
         raise SpecError(f"{base.name} (compute capability {base.compute_capability}) slices come in multiples of "
                         f"{multiple} SMs, at least {least}: a green context of {sm_count} would run on "
                         f"{max(least, -(-sm_count // multiple) * multiple)}")
-    if sm_count == base.sm_count:
-        return base
     scale = sm_count / base.sm_count
     note = f"{base.name} restricted to {sm_count} of {base.sm_count} SMs by a CUDA green context"
     return dataclasses.replace(

@@ -12,19 +12,13 @@ import argparse
 
 def main(argv: list[str] | None = None) -> None:
     import torch
-    from torch.cuda.green_contexts import GreenContext
 
-    from gnn_policy.measure.slices import sms_reached
+    from gnn_policy.measure.slices import green_stream, sms_reached
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", default="16,33,48,64,66,72,96,100", help="SM counts to ask for, comma-separated")
     counts = [int(c) for c in ap.parse_args(argv).counts.split(",")]
-    reached = []
-    for n in counts:
-        ctx = GreenContext.create(num_sms=n, device_id=torch.cuda.current_device())
-        stream = ctx.Stream()
-        stream._green_context = ctx  # the stream dies with its context
-        reached.append(sms_reached(stream))
+    reached = [sms_reached(green_stream(n, torch.cuda.current_device())) for n in counts]
     full = sms_reached(torch.cuda.Stream())
     print("| SMs asked for | " + " | ".join(map(str, counts)) + " | full GPU |")
     print("|---|" + "---|" * (len(counts) + 1))

@@ -38,9 +38,8 @@ def sms_reached(stream: torch.cuda.Stream, blocks: int = 4096) -> int:
     return int(out.unique().numel())
 
 
-@functools.lru_cache(maxsize=None)
-def slice_stream(sm_count: int, device: int = 0) -> torch.cuda.Stream:
-    """A stream whose kernels run on exactly `sm_count` SMs of `device` (cached per size)."""
+def green_stream(sm_count: int, device: int = 0) -> torch.cuda.Stream:
+    """A stream of a fresh green context asked for `sm_count` SMs (the driver may grant more)."""
     from torch.cuda.green_contexts import GreenContext
 
     ctx = GreenContext.create(num_sms=sm_count, device_id=device)
@@ -49,6 +48,13 @@ def slice_stream(sm_count: int, device: int = 0) -> torch.cuda.Stream:
                            "need a torch whose green contexts hand out streams")
     stream = ctx.Stream()
     stream._green_context = ctx  # keep the context alive as long as the stream
+    return stream
+
+
+@functools.lru_cache(maxsize=None)
+def slice_stream(sm_count: int, device: int = 0) -> torch.cuda.Stream:
+    """A stream whose kernels run on exactly `sm_count` SMs of `device` (cached per size)."""
+    stream = green_stream(sm_count, device)
     reached = sms_reached(stream)
     if reached != sm_count:
         raise SliceError(f"a green context of {sm_count} SMs runs kernels on {reached} SMs: the driver rounds "
