@@ -4,6 +4,7 @@ TRITON_INTERPRET must be set before any @triton.jit decorator runs, i.e. before 
 is imported, which is why it is set here at collection time.
 """
 import os
+import shutil
 import tempfile
 
 import torch
@@ -12,6 +13,10 @@ import torch
 # (tests/test_shipped_data.py). Set before gnn_policy is imported, and inherited by the CLI
 # subprocesses.
 os.environ["GNN_POLICY_SHARDS"] = tempfile.mkdtemp(prefix="gnn-policy-no-shards-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(os.environ["GNN_POLICY_SHARDS"], ignore_errors=True)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
