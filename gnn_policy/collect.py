@@ -207,7 +207,7 @@ def run(args: CollectArgs) -> dict:
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
 
 
-def take_compiled(problem: GemmProblem, configs: list, compiled, gpu_name: str, counts: dict):
+def take_compiled(problem: GemmProblem, configs: list, compiled, gpu_name: str, counts: defaultdict):
     """Take this problem's results from the compile stream (one per config of `configs` that
     is not None, in order): rows for the configs that failed to compile, and the configs left
     to measure.

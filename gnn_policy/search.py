@@ -8,6 +8,7 @@ k measurements.
 from __future__ import annotations
 
 import random
+from collections import defaultdict
 from typing import Sequence
 
 from graphs import GemmProblem
@@ -20,9 +21,10 @@ Trace = list[tuple[TileConfig, "float | None"]]
 class Measurer:
     """Measures (problem, config) pairs on the local GPU through the collect machinery, reusing
     what the database already holds and storing what it measures. `compiler` (a CompilePool,
-    or None to let the measuring worker compile) stays alive across calls."""
+    or None to let the measuring worker compile) stays alive across calls. `counts` gathers
+    the run's tallies (measured, compile seconds, ...), a defaultdict(int)."""
 
-    def __init__(self, db, gpu: GpuSpec, pool, compiler, counts: dict, source: str = "real"):
+    def __init__(self, db, gpu: GpuSpec, pool, compiler, counts: defaultdict, source: str = "real"):
         self.db, self.gpu, self.pool, self.compiler, self.counts = db, gpu, pool, compiler, counts
         self.source = source  # "simulated" with a SimulatedPool
 

@@ -2,15 +2,19 @@
 new measurements are stored and shipped, the report and the W&B run are written."""
 import csv
 import random
+from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 import hardware_specs
+from fake_runner import measure as fake_measure
 from gnn_policy.collect import CollectArgs, run as collect
+from gnn_policy.database import Database
+from gnn_policy.measure.compile import CompileResult
 from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.policy import save_checkpoint
-from gnn_policy.search import evolutionary_search, valid_configs
+from gnn_policy.search import Measurer, evolutionary_search, valid_configs
 from gnn_policy.space import space
 from graphs import GemmProblem
 from training.bench import BenchArgs, run
@@ -83,3 +87,27 @@ def test_a_time_limited_bench_stores_what_it_measured_and_a_rerun_finishes(tmp_p
     # the first run's measurements were reused: only the third problem's configs are new
     assert 0 < second["measured"] < first["measured"]
     assert (tmp_path / "bench" / "bench.csv").exists()
+
+
+class _Compiled:
+    """What CompilePool.stream yields on a GPU machine, without compiling."""
+
+    def stream(self, jobs):
+        for problem, config in jobs:
+            yield CompileResult(problem.key, config.key, "ok", 0.25)
+
+
+class _Pool:
+    def run(self, problem, configs):
+        return list(fake_measure(problem, configs, gpu=H200.name))
+
+
+def test_measurer_with_a_compile_stream_tallies_into_a_fresh_defaultdict(tmp_path):
+    # the path bench and transfer take on a GPU machine: compile results first, then the pool
+    problem = GemmProblem(64, 4096, 4096)
+    configs = valid_configs(space("full"), H200, problem)[:3]
+    counts = defaultdict(int)
+    with Database(str(tmp_path / "m.sqlite")) as db:
+        values = Measurer(db, H200, _Pool(), _Compiled(), counts)(problem, configs)
+    assert values == [float(c.block_m) for c in configs]
+    assert counts["measured"] == 3 and counts["compile_cpu_s"] == 0.75

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import defaultdict
 from pathlib import Path
 from time import monotonic
 
@@ -100,7 +101,7 @@ def run(args: BenchArgs) -> dict:
     budgets = sorted(int(b) for b in args.budgets.split(","))
     policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
     analytic = load_fitted(DEFAULT_CHECKPOINT.parent / "analytic.json")
-    counts: dict = {"measured": 0}
+    counts: defaultdict = defaultdict(int)
     with Database(args.db) as db:
         load_shipped(db)
         since = db.high_water()

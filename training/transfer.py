@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import defaultdict
 from pathlib import Path
 from time import monotonic
 
@@ -134,7 +135,7 @@ def run(args: TransferArgs) -> dict:
     analytic = load_fitted(args.analytic)
     space_ = Policy.load(args.plain).model.space  # every method searches the space the policies rank
     source = "simulated" if args.simulate else "real"
-    counts: dict = {"measured": 0}
+    counts: defaultdict = defaultdict(int)
     rows: list[dict] = []
     with Database(_evaluation_db(args)) as db, contextlib.ExitStack() as stack:
         load_shipped(db)
