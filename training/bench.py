@@ -12,7 +12,8 @@ stored), in its own order:
   (checkpoints/analytic.json), the baseline a learned policy has to beat.
 A method's figure at budget k is the best TFLOP/s among its first k measurements over best
 known (after the run, so the run's own finds count), geomean over problems; a method with no
-correct config yet scores 0.01. Writes a CSV, a markdown table, a PNG and an offline W&B run.
+correct config yet scores 0.01. Writes a CSV, a markdown table, a PNG and an offline W&B run,
+and puts the figures into the checkpoint's card.
 """
 from __future__ import annotations
 
@@ -126,6 +127,7 @@ def run(args: BenchArgs) -> dict:
                 "report": f"stopped by --time-limit after {len(found)} of {len(problems)} problems; run again "
                           "to finish (what is measured is reused), no report written"}
     report = write_report(rows, budgets, Path(args.out), gpu.name)
+    record_in_card(args, rows, budgets)
     if args.wandb:
         _log_wandb(args, rows, report)
     return {"problems": len(problems), **counts, "report": report}
@@ -158,7 +160,9 @@ def report_from_csv(args: BenchArgs) -> dict:
         raise FileNotFoundError(f"--report-only needs {path}, the CSV of an earlier bench run")
     rows = [{**r, "k": int(r["k"]), "fraction": float(r["fraction"]),
              "vs_cublas": float(r["vs_cublas"]) if r["vs_cublas"] else None} for r in csv.DictReader(path.open())]
-    report = write_report(rows, sorted({r["k"] for r in rows}), Path(args.out), rows[0]["gpu"])
+    budgets = sorted({r["k"] for r in rows})
+    report = write_report(rows, budgets, Path(args.out), rows[0]["gpu"])
+    record_in_card(args, rows, budgets)
     if args.wandb:
         _log_wandb(args, rows, report)
     return {"problems": len({r["problem"] for r in rows}), "report": report}
@@ -175,8 +179,6 @@ def summary(rows: list[dict], budgets: list[int]) -> dict[str, dict[int, float]]
 def write_report(rows: list[dict], budgets: list[int], out: Path, gpu: str) -> str:
     import csv
 
-    from gnn_policy.benchmarks.data_report import CLASSES, geomean
-
     out.mkdir(parents=True, exist_ok=True)
     with (out / "bench.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -189,15 +191,47 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, gpu: str) -> s
     lines += [f"| {m} | " + " | ".join(f"{v[k]:.3f}" for k in budgets) + " |" for m, v in table.items()]
     lines += ["", "Policy against cuBLAS (geomean of picked TFLOP/s / cuBLAS):", "",
               "| class | problems | top-1 | best of top-8 |", "|---|---|---|---|"]
-    for cls in (*CLASSES, "all"):
-        sel = [r for r in rows if r["method"] == "policy" and r["vs_cublas"] and cls in ("all", r["class"])]
-        k1, k8 = ([r["vs_cublas"] for r in sel if r["k"] == k] for k in (1, 8))
-        if k1:
-            lines.append(f"| {cls} | {len(k1)} | {geomean(k1):.3f} | {geomean(k8) if k8 else float('nan'):.3f} |")
+    lines += [f"| {cls} | {v['problems']} | {v['top1']:.3f} | " + (f"{v['top8']:.3f}" if v["top8"] else "n/a") + " |"
+              for cls, v in vs_cublas(rows).items()]
     text = "\n".join(lines)
     (out / "bench.md").write_text(text + "\n")
     _plot(table, budgets, out / "bench.png", gpu)
     return text
+
+
+def vs_cublas(rows: list[dict]) -> dict[str, dict]:
+    """Problem class (and "all") -> the policy's top-1 and best-of-8 TFLOP/s over cuBLAS, geomean."""
+    from gnn_policy.benchmarks.data_report import CLASSES, geomean
+
+    out = {}
+    for cls in (*CLASSES, "all"):
+        sel = [r for r in rows if r["method"] == "policy" and r["vs_cublas"] and cls in ("all", r["class"])]
+        k1, k8 = ([r["vs_cublas"] for r in sel if r["k"] == k] for k in (1, 8))
+        if k1:
+            out[cls] = {"problems": len(k1), "top1": round(geomean(k1), 4),
+                        "top8": round(geomean(k8), 4) if k8 else None}
+    return out
+
+
+def record_in_card(args: BenchArgs, rows: list[dict], budgets: list[int]) -> Path:
+    """Put the bench figures into the checkpoint's card (<checkpoint>.card.json), so that the
+    card of a shipped checkpoint says how it did on real runs. A retrained checkpoint gets a
+    new card without them until bench runs again."""
+    import json
+    from datetime import date
+
+    from gnn_policy.policy import DEFAULT_CHECKPOINT
+
+    card_path = Path(args.checkpoint or DEFAULT_CHECKPOINT).with_suffix(".card.json")
+    card = json.loads(card_path.read_text()) if card_path.exists() else {}
+    card["bench"] = {
+        "date": date.today().isoformat(), "gpu": rows[0]["gpu"], "split": args.split,
+        "problems": len({r["problem"] for r in rows}), "csv": str(Path(args.out) / "bench.csv"),
+        "fraction_of_best_known": {m: {str(k): round(v, 4) for k, v in vals.items()}
+                                   for m, vals in summary(rows, budgets).items()},
+        "policy_vs_cublas": vs_cublas(rows)}
+    card_path.write_text(json.dumps(card, indent=1) + "\n")
+    return card_path
 
 
 def _plot(table: dict, budgets: list[int], path: Path, gpu: str) -> None:
