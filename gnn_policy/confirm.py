@@ -5,8 +5,10 @@ the top three of 4096^3 came out 7-13% slower seconds later, while cuBLAS moved 
 every measured problem the `--top` fastest configs and cuBLAS are timed again, `--rounds`
 times each, in a new shuffled order every round, in a fresh worker. The rows go to the
 `retimes` table; a config's figure is then the median of all its timings
-(`Database.tflops`), which is what best known and every fraction of it use. A problem that
-already has re-timings is skipped, so the command resumes.
+(`Database.tflops`), which is what best known and every fraction of it use. A problem whose
+contenders have all been re-timed is skipped, so the command resumes; one whose top changed
+since (a later collect or bench measured a faster config) is confirmed again, all its
+contenders interleaved.
 """
 from __future__ import annotations
 
@@ -71,12 +73,13 @@ def run(args: ConfirmArgs) -> dict:
     with Database(args.db) as db:
         load_shipped(db)
         since = db.high_water()
-        done = db.retimed_problems(gpu.name)
+        retimed = db.retimed(gpu.name)
         jobs = []
         for p in db.problems(gpu.name):
-            if p.key not in done:
+            wanted = contenders(db.tflops(gpu.name, p.key), args.top)
+            if not set(wanted) <= retimed.get(p.key, set()):
                 rng = random.Random(f"{args.seed}:{p.key}")
-                jobs.append((p, schedule(contenders(db.tflops(gpu.name, p.key), args.top), args.rounds, rng)))
+                jobs.append((p, schedule(wanted, args.rounds, rng)))
         compiled = compile_ahead([(p, _unique(s)) for p, s in jobs], args.runner)
         with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool:
             for p, sched in tqdm(jobs, desc=f"confirm {gpu.name}", unit="problem"):

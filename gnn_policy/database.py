@@ -211,14 +211,19 @@ class Database:
             "SELECT COUNT(*) FROM measurements m JOIN gpus g ON g.id=m.gpu_id WHERE g.name=? AND m.source=? "
             "AND m.id > ?", (gpu, source, after_id)).fetchone()[0]
 
-    def retimed_problems(self, gpu: str) -> set[str]:
-        """Problems with a correct re-timing that counts: under the versions of a first measurement."""
+    def retimed(self, gpu: str) -> dict[str, set[str]]:
+        """Problem key -> the configs (cuBLAS included) re-timed under the versions of their
+        first measurement, whatever the re-timing's status: what `confirm` has tried."""
         rows = self.conn.execute(
-            "SELECT DISTINCT p.key FROM retimes r JOIN gpus g ON g.id=r.gpu_id "
-            "JOIN problems p ON p.id=r.problem_id JOIN measurements m ON m.gpu_id=r.gpu_id "
-            "AND m.problem_id=r.problem_id AND m.config_id=r.config_id AND m.versions=r.versions "
-            "WHERE g.name=? AND r.status='ok' AND m.source='real'", (gpu,))
-        return {key for (key,) in rows}
+            "SELECT DISTINCT p.key, c.key FROM retimes r JOIN gpus g ON g.id=r.gpu_id "
+            "JOIN problems p ON p.id=r.problem_id JOIN configs c ON c.id=r.config_id "
+            "JOIN measurements m ON m.gpu_id=r.gpu_id AND m.problem_id=r.problem_id "
+            "AND m.config_id=r.config_id AND m.versions=r.versions "
+            "WHERE g.name=? AND m.source='real'", (gpu,))
+        out: dict[str, set[str]] = {}
+        for problem, config in rows:
+            out.setdefault(problem, set()).add(config)
+        return out
 
     def meta(self, key: str) -> str | None:
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()

@@ -7,7 +7,7 @@ from collections import Counter
 from gnn_policy.collect import CollectArgs, run as collect
 from gnn_policy.confirm import ConfirmArgs, contenders, run as confirm, schedule
 from gnn_policy.database import Database
-from gnn_policy.measure.result import CUBLAS, Retime
+from gnn_policy.measure.result import CUBLAS, Measurement, Retime
 from gnn_policy.snapshot import load_shipped
 from gnn_policy.space import TileConfig
 
@@ -64,4 +64,24 @@ def test_a_retime_shard_loads_without_the_shard_of_its_measurements(tmp_path):
     confirm(ConfirmArgs(db=db, gpu="h200", runner="fake_runner:measure", shard_dir=str(tmp_path / "s")))
     with Database(tmp_path / "fresh.sqlite") as fresh:
         assert load_shipped(fresh, tmp_path / "s") == 4 * 3  # top 3 + cuBLAS, 3 rounds
-        assert fresh.retimed_problems(GPU) == set()  # nothing to count them against here
+        assert fresh.retimed(GPU) == {}  # nothing to count them against here
+
+
+def test_a_problem_whose_top_changed_is_confirmed_again(tmp_path):
+    db_path = str(tmp_path / "m.sqlite")
+    collect(CollectArgs(db=db_path, gpu="h200", split="test", problems=2, configs=6, runner="fake_runner:measure"))
+    args = ConfirmArgs(db=db_path, gpu="h200", top=2, rounds=2, runner="fake_runner:measure")
+    assert confirm(args)["problems_done"] == 2
+    with Database(db_path) as db:  # a later run (bench, say) finds a faster config for one problem
+        p = db.problems(GPU)[0]
+        measured = set(db.tflops(GPU, p.key))
+        newcomer = next(c for c in (TileConfig(block_m=256, block_n=n, block_k=64) for n in (16, 32, 64, 128))
+                        if c.key not in measured)
+        versions = db.conn.execute("SELECT versions FROM measurements LIMIT 1").fetchone()[0]
+        db.add([(Measurement(GPU, p.key, newcomer.key, "ok", median_ms=0.1, tflops=1e4, versions=versions),
+                 p, newcomer)])
+    again = confirm(args)
+    assert again["problems_done"] == 1
+    with Database(db_path) as db:
+        assert newcomer.key in db.retimed(GPU)[p.key]
+    assert confirm(args).get("problems_done", 0) == 0
