@@ -61,11 +61,14 @@ class TransferArgs:
                                                                     "(the default: on H200 slices only)")
     db: str = flag(str(DEFAULT_PATH), "database holding best known on the target; evaluation picks are stored "
                                       "here (--simulate uses a database of its own under --work)")
-    problems: int = flag(40, "the test split's first N problems in collection order (a dense sweep's), those "
-                             "measured on the target, to evaluate on (0: the whole split)")
+    split: str = flag("test", "split evaluated on: test to report, val to choose fine-tune settings without it")
+    problems: int = flag(40, "the split's first N problems in collection order (for test, a dense sweep's), "
+                             "those measured on the target, to evaluate on (0: the whole split)")
     tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on")
     rounds: int = flag(4, "fine-tune rounds")
     steps: int = flag(20, "gradient steps per fine-tune round")
+    lr: float = flag(3e-4, "learning rate of the fine-tunes")
+    adapt: str = flag("all", "weights the fine-tunes move: all, or gpu (see finetune --adapt)", choices=("all", "gpu"))
     simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
@@ -139,8 +142,8 @@ def run(args: TransferArgs) -> dict:
     rows: list[dict] = []
     with Database(_evaluation_db(args)) as db, contextlib.ExitStack() as stack:
         load_shipped(db)
-        # the test problems collected first, with seed 0 as `collect` draws them: the dense sweeps
-        problems = select_problems("test", args.problems, 0)
+        # the split's problems collected first, with seed 0 as `collect` draws them (test: the dense sweeps)
+        problems = select_problems(args.split, args.problems, 0)
         if args.simulate:
             pool, compiler = SimulatedPool(analytic, spec), None
         else:
@@ -149,7 +152,7 @@ def run(args: TransferArgs) -> dict:
             compiler = stack.enter_context(CompilePool()) if real else None
             problems = [p for p in problems if db.best_known(spec.name, p.key)]  # a Triton best known to compare with
         if not problems:
-            raise TransferError(f"no test-split problem is measured on {spec.name} in {args.db}: collect them first")
+            raise TransferError(f"no {args.split}-split problem is measured on {spec.name} in {args.db}: collect them first")
         measure = Measurer(db, spec, pool, compiler, counts, source=source)
         jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
@@ -160,8 +163,8 @@ def run(args: TransferArgs) -> dict:
             if monotonic() > deadline:
                 break
             picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
-            rows += [{"target": spec.name, "source": source, "method": method, "budget": budget, "seed": seed,
-                      "problem": p.key, "picks": picks[p.key]} for p in problems]
+            rows += [{"target": spec.name, "split": args.split, "source": source, "method": method, "budget": budget,
+                      "seed": seed, "problem": p.key, "picks": picks[p.key]} for p in problems]
             done += 1
         best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
         if args.shard_dir and not args.simulate:
@@ -248,7 +251,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec):
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
         output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
-        steps=args.steps, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
+        steps=args.steps, lr=args.lr, adapt=args.adapt, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
         runner=args.runner,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
         tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
@@ -317,7 +320,7 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
     methods = list(dict.fromkeys(m for m, _ in table))
     cell = lambda m, b, k: f"{table[m, b][k]:.3f}" if (m, b) in table else "-"  # noqa: E731
     lines = [f"Transfer to {target} ({source} labels), geomean fraction of best known over "
-             f"{len({r['problem'] for r in rows})} test problems, top-1 / top-8, by budget B:", "",
+             f"{len({r['problem'] for r in rows})} {rows[0].get('split', 'test')} problems, top-1 / top-8, by budget B:", "",
              "| method | " + " | ".join(f"B={b}" for b in budgets) + " | spec only |",
              "|---|" + "---|" * (len(budgets) + 1)]
     for m in methods:
