@@ -185,13 +185,13 @@ class Database:
         for row in self.conn.execute(q, (min_id,)):
             yield dict(zip(cols, row), problem_fields=dict(zip(PROBLEM_COLUMNS, row[len(cols):])))
 
-    def problems(self, gpu: str, source: str = "real") -> list[GemmProblem]:
-        """The problems with at least one correct measurement of `source` on `gpu`, in insertion order."""
+    def problems(self, gpu: str) -> list[GemmProblem]:
+        """The problems with at least one correct real measurement on `gpu`, in insertion order."""
         cols = PROBLEM_COLUMNS
         rows = self.conn.execute(
             f"SELECT {', '.join('p.' + c for c in cols)} FROM problems p WHERE p.id IN (SELECT m.problem_id "
             "FROM measurements m JOIN gpus g ON g.id=m.gpu_id WHERE g.name=? AND m.status='ok' "
-            "AND m.source=?) ORDER BY p.id", (gpu, source))
+            "AND m.source='real') ORDER BY p.id", (gpu,))
         return [problem_from_fields(dict(zip(cols, row))) for row in rows]
 
     def failed_configs(self, gpu: str, source: str = "real") -> dict[str, list[str]]:

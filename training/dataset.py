@@ -43,16 +43,16 @@ class Sample:
 
 
 def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
-                 families: Sequence[str] | None = None, source: str = "real") -> list[Sample]:
-    """Samples of the given GPUs from rows of `source`, restricted to problems of `families` (None: all)."""
+                 families: Sequence[str] | None = None) -> list[Sample]:
+    """Samples of the given GPUs, restricted to problems of `families` (None: all)."""
     out = []
     for gpu in gpus:
-        failed_by_problem = db.failed_configs(gpu, source)
+        failed_by_problem = db.failed_configs(gpu)
         spec = hardware_specs.load(gpu)
-        for p in db.problems(gpu, source):
+        for p in db.problems(gpu):
             if families is not None and p.model not in families:
                 continue
-            figs = db.tflops(gpu, p.key, source)
+            figs = db.tflops(gpu, p.key)
             allowed = space.problem_mask(spec, p)
             keys = [k for k in figs if k != CUBLAS and TileConfig.from_key(k) in space]
             ruled_out = [k for k in keys if not allowed[space.index(TileConfig.from_key(k))]]

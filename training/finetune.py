@@ -29,7 +29,6 @@ from gnn_policy.database import DEFAULT_PATH
 
 FAILED_REWARD = math.log(0.05)  # below every correct config's reward, which is clipped at log 0.1
 FLOOR_REWARD = math.log(0.1)
-ADAPTED = {"all": None, "gpu": ("gpu_embed", "hw", "film")}  # --adapt: top-level modules that train
 
 
 class FinetuneError(RuntimeError):
@@ -48,10 +47,8 @@ class FinetuneArgs:
     split: str = flag("train", "suite split the tuning problems come from")
     problems: int = flag(8, "tuning problems, spread over the split's families")
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over")
-    steps: int = flag(20, "gradient steps after each round")
+    steps: int = flag(5, "gradient steps after each round: as many as Reptile's inner loop takes")
     lr: float = flag(3e-4, "learning rate of the adaptation")
-    adapt: str = flag("all", "weights the adaptation moves: all, or gpu (the GPU embedding and the hardware "
-                             "encoder and conditioning: what tells one GPU from another)", choices=tuple(ADAPTED))
     simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
     analytic: str = flag("", "the fitted analytic model --simulate measures with (default: checkpoints/analytic.json)")
     seed: int = flag(0, "seed of problem choice, mutations and shuffling")
@@ -122,7 +119,7 @@ def run(args: FinetuneArgs) -> dict:
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
-                                          "lr", "adapt", "snapshot", "analytic")}
+                                          "lr", "snapshot", "analytic")}
     problems = select_problems(args.split, args.problems, args.seed)
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
@@ -140,7 +137,7 @@ def run(args: FinetuneArgs) -> dict:
         budget.spent_seconds = state["spent_seconds"]
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
         policy = Policy.load(weights if state["round"] else args.checkpoint or DEFAULT_CHECKPOINT)
-        optimiser = torch.optim.Adam(adapted_parameters(policy.model, args.adapt), lr=args.lr)
+        optimiser = torch.optim.Adam(policy.model.parameters(), lr=args.lr)
         for rnd in range(state["round"], args.rounds):
             rng = random.Random(f"{args.seed}:{rnd}")
             measured = _measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng,
@@ -164,14 +161,6 @@ def run(args: FinetuneArgs) -> dict:
                                 for k, v in card["grad_norm_mean"].items()}})
         tracker.finish()
     return card
-
-
-def adapted_parameters(model, adapt: str) -> list:
-    """The parameters --adapt lets train; the others are frozen (requires_grad off)."""
-    modules = ADAPTED[adapt]
-    for name, p in model.named_parameters():
-        p.requires_grad_(modules is None or name.split(".")[0] in modules)
-    return [p for p in model.parameters() if p.requires_grad]
 
 
 def _tracker(args: FinetuneArgs, gpu: str):
@@ -303,41 +292,41 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
 
 
 def _adapt(policy, problems, spec, db, source: str, measured: dict, optimiser, steps: int, norms: dict) -> None:
-    """REINFORCE on this round's measurements plus the pretraining objective on everything
-    measured on this GPU for the tuning problems. That objective (listwise policy loss,
-    failures, and the cost head's ranking and regression, which the first pick relies on) is
-    the loss of Reptile's inner loop: the adaptation meta-pretraining prepared for."""
+    """REINFORCE on this round's measurements plus the listwise loss on all of this GPU's."""
     import torch
 
     from gnn_policy.space import TileConfig
-    from training.dataset import collate, load_samples
-    from training.objective import LossWeights, objective
+    from training.dataset import listwise_target
+    from training.losses import listwise_loss
 
     model, space_ = policy.model, policy.model.space
-    keys = {p.key for p in problems}
-    samples = [s for s in load_samples(db, [spec.name], space_, source=source) if s.problem.key in keys]
-    if not samples:
-        return
-    batch = collate(samples, space_, policy.vocab)
-    best = {s.problem.key: float(s.log_tflops.max()) for s in samples}
-    rounds = []  # (problem, this round's config indices, their rewards)
+    batches = []
     for p in problems:
+        figs = {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != "cublas"}
+        if not figs:
+            continue
+        best = max(figs.values())
         new = measured.get(p.key, {})
-        if len(new) > 1 and p.key in best:
-            rewards = [max(FLOOR_REWARD, math.log(v) - best[p.key]) if v else FAILED_REWARD for v in new.values()]
-            rounds.append((p, torch.tensor([space_.index(TileConfig.from_key(k)) for k in new]), torch.tensor(rewards)))
-    weights = LossWeights()
+        rewards = [max(FLOOR_REWARD, math.log(v / best)) if v else FAILED_REWARD for v in new.values()]
+        batches.append((p, [space_.index(TileConfig.from_key(k)) for k in new], rewards,
+                        [space_.index(TileConfig.from_key(k)) for k in figs], [math.log(v) for v in figs.values()]))
     model.train()
-    for _ in range(steps):
-        pg_total = torch.zeros(())
-        for p, idx, r in rounds:
+    for _ in range(steps if batches else 0):
+        pg_total, sl_total = 0.0, 0.0
+        for p, new_idx, rewards, all_idx, log_tf in batches:
             h, mask = policy.encode(p, spec)
-            logp = model.log_prob(h, idx[None], mask)[0]
-            pg_total = pg_total - ((r - r.mean()) * logp).mean()
-        sl_total, _ = objective(model, batch, None, weights)
+            pg = torch.zeros(())
+            if len(new_idx) > 1:
+                r = torch.tensor(rewards)
+                logp = model.log_prob(h, torch.tensor(new_idx)[None], mask)[0]
+                pg = -((r - r.mean()) * logp).mean()
+            lt = torch.tensor(log_tf)[None]
+            valid = torch.ones_like(lt, dtype=torch.bool)
+            sl = listwise_loss(model.log_prob(h, torch.tensor(all_idx)[None], mask), listwise_target(lt, valid, 0.1), valid)
+            pg_total, sl_total = pg_total + pg, sl_total + sl
         optimiser.zero_grad()
         for name, loss in (("reinforce", pg_total), ("supervised", sl_total)):
-            if loss.requires_grad:
+            if torch.is_tensor(loss) and loss.requires_grad:
                 grads = torch.autograd.grad(loss, [q for q in model.parameters() if q.requires_grad],
                                             retain_graph=True, allow_unused=True)
                 norms[name].append(float(torch.sqrt(sum((g ** 2).sum() for g in grads if g is not None))))
