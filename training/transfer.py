@@ -67,6 +67,7 @@ class TransferArgs:
     tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on")
     rounds: int = flag(4, "fine-tune rounds")
     steps: int = flag(5, "gradient steps per fine-tune round (finetune's default)")
+    lr: float = flag(3e-4, "learning rate of the fine-tunes (finetune's default)")
     simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
@@ -249,7 +250,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec):
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
         output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
-        steps=args.steps, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
+        steps=args.steps, lr=args.lr, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
         runner=args.runner,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
         tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
