@@ -18,5 +18,6 @@ os.environ["GNN_POLICY_SHARDS"] = tempfile.mkdtemp(prefix="gnn-policy-no-shards-
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(os.environ["GNN_POLICY_SHARDS"], ignore_errors=True)
 
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -34,6 +34,7 @@ from time import monotonic
 
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
+from training.finetune import FinetuneArgs
 
 FLOOR = 0.01
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
@@ -66,8 +67,8 @@ class TransferArgs:
                              "those measured on the target, to evaluate on (0: the whole split)")
     tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on")
     rounds: int = flag(4, "fine-tune rounds")
-    steps: int = flag(5, "gradient steps per fine-tune round (finetune's default)")
-    lr: float = flag(3e-4, "learning rate of the fine-tunes (finetune's default)")
+    steps: int = flag(FinetuneArgs.steps, "gradient steps per fine-tune round (finetune's default)")
+    lr: float = flag(FinetuneArgs.lr, "learning rate of the fine-tunes (finetune's default)")
     simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
@@ -239,7 +240,7 @@ def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec,
 def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec):
     """The method's policy after fine-tuning on `budget` measurements of the target."""
     from gnn_policy.policy import Policy
-    from training.finetune import FinetuneArgs, run as finetune
+    from training.finetune import run as finetune
 
     work = Path(args.work)
     start = _scratch(Path(args.plain), work / f"scratch-s{seed}.pt", seed) if method == "scratch" else \
