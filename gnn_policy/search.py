@@ -1,21 +1,25 @@
 """Budgeted search: propose configs, measure them for real (or take them from the database), stop
 at the budget. The searches every tuner is compared with live here.
 
-A search returns its trace: the configs in the order it measured them, with their TFLOP/s
-(None for a failed config). The best of the first k entries is what that tuner knows after
-k measurements.
+A search is a generator: it yields a batch of configs to measure and receives their TFLOP/s
+(None for a failed config) until it has spent its budget. `run_searches` drives many of them,
+one per problem, in lockstep, so each step's batches of every problem compile together on
+the CPU pool instead of one problem at a time. A search's trace lists the configs in the order
+they were measured, with their TFLOP/s; the best of the first k entries is what that tuner
+knows after k measurements.
 """
 from __future__ import annotations
 
 import random
 from collections import defaultdict
-from typing import Sequence
+from typing import Generator, Sequence
 
 from graphs import GemmProblem
 from hardware_specs import GpuSpec
 from gnn_policy.space import ConfigSpace, TileConfig, violations
 
 Trace = list[tuple[TileConfig, "float | None"]]
+Search = Generator[list[TileConfig], list["float | None"], None]
 
 
 class Measurer:
@@ -29,17 +33,47 @@ class Measurer:
         self.source = source  # "simulated" with a SimulatedPool
 
     def __call__(self, problem: GemmProblem, configs: Sequence[TileConfig]) -> list[float | None]:
+        return self.many([(problem, configs)])[0]
+
+    def many(self, jobs: Sequence[tuple[GemmProblem, Sequence[TileConfig]]]) -> list[list[float | None]]:
+        """TFLOP/s of each job's configs. Every job's unmeasured configs go to the compile pool at
+        once, so later problems compile while earlier ones are timed."""
         from gnn_policy.collect import take_compiled
 
-        tried = self.db.measured(self.gpu.name, self.source, problem=problem.key)
-        todo = [c for c in dict.fromkeys(configs) if (problem.key, c.key) not in tried]
-        if todo:
-            compiled = self.compiler.stream((problem, c) for c in todo) if self.compiler else None
-            rows, measure = take_compiled(problem, todo, compiled, self.gpu.name, self.counts)
-            rows += [(m, problem, c) for m, c in zip(self.pool.run(problem, measure), measure)]
-            self.counts["measured"] += self.db.add(rows)
-        known = self.db.tflops(self.gpu.name, problem.key, self.source)
-        return [known.get(c.key) for c in configs]
+        todo, scheduled = [], set()  # a pair asked for by two jobs is measured once
+        for problem, configs in jobs:
+            tried = self.db.measured(self.gpu.name, self.source, problem=problem.key) | scheduled
+            todo.append([c for c in dict.fromkeys(configs) if (problem.key, c.key) not in tried])
+            scheduled |= {(problem.key, c.key) for c in todo[-1]}
+        compiled = None
+        if self.compiler and any(todo):
+            compiled = self.compiler.stream((problem, c) for (problem, _), cs in zip(jobs, todo) for c in cs)
+        out = []
+        for (problem, configs), cs in zip(jobs, todo):
+            if cs:
+                rows, measure = take_compiled(problem, cs, compiled, self.gpu.name, self.counts)
+                rows += [(m, problem, c) for m, c in zip(self.pool.run(problem, measure), measure)]
+                self.counts["measured"] += self.db.add(rows)
+            known = self.db.tflops(self.gpu.name, problem.key, self.source)
+            out.append([known.get(c.key) for c in configs])
+        return out
+
+
+def run_searches(searches: Sequence[tuple[GemmProblem, Search]], measure: Measurer) -> list[Trace]:
+    """Each search's trace; every step measures the pending batch of every search together."""
+    traces: list[Trace] = [[] for _ in searches]
+    pending = {i: batch for i, (_, search) in enumerate(searches) if (batch := next(search, None)) is not None}
+    while pending:
+        values = measure.many([(searches[i][0], batch) for i, batch in pending.items()])
+        following = {}
+        for (i, batch), got in zip(pending.items(), values):
+            traces[i] += list(zip(batch, got))
+            try:
+                following[i] = searches[i][1].send(got)
+            except StopIteration:
+                pass
+        pending = following
+    return traces
 
 
 def valid_configs(space_: ConfigSpace, gpu: GpuSpec, problem: GemmProblem) -> list[TileConfig]:
@@ -47,17 +81,18 @@ def valid_configs(space_: ConfigSpace, gpu: GpuSpec, problem: GemmProblem) -> li
     return [c for c, ok in zip(space_, mask) if ok]
 
 
-def fixed_list(configs: Sequence[TileConfig], gpu: GpuSpec, problem: GemmProblem, budget: int,
-               measure: Measurer) -> Trace:
+def given(configs: Sequence[TileConfig]) -> Search:
+    """One batch chosen beforehand: a policy's top picks, a model's ranking."""
+    yield list(configs)
+
+
+def fixed_list(configs: Sequence[TileConfig], gpu: GpuSpec, problem: GemmProblem, budget: int) -> Search:
     """A named list in its own order (what `triton.autotune` over it measures), valid configs only."""
-    chosen = [c for c in configs if not violations(c, gpu, problem.dtype, problem.k)][:budget]
-    return list(zip(chosen, measure(problem, chosen)))
+    return given([c for c in configs if not violations(c, gpu, problem.dtype, problem.k)][:budget])
 
 
-def random_search(valid: Sequence[TileConfig], problem: GemmProblem, budget: int, measure: Measurer,
-                  rng: random.Random) -> Trace:
-    chosen = rng.sample(list(valid), min(budget, len(valid)))
-    return list(zip(chosen, measure(problem, chosen)))
+def random_search(valid: Sequence[TileConfig], budget: int, rng: random.Random) -> Search:
+    yield rng.sample(list(valid), min(budget, len(valid)))
 
 
 def mutate(c: TileConfig, space_: ConfigSpace, rng: random.Random) -> TileConfig:
@@ -72,13 +107,14 @@ def _crossover(a: TileConfig, b: TileConfig, space_: ConfigSpace, rng: random.Ra
     return space_.at(tuple(vs.index(getattr(rng.choice((a, b)), n)) for n, vs in space_.knobs))
 
 
-def evolutionary_search(valid: Sequence[TileConfig], space_: ConfigSpace, problem: GemmProblem, budget: int,
-                        measure: Measurer, rng: random.Random, population: int = 8) -> Trace:
+def evolutionary_search(valid: Sequence[TileConfig], space_: ConfigSpace, budget: int, rng: random.Random,
+                        population: int = 8) -> Search:
     """The seed's loop without a prior: a random population, then generations bred from the
     top 20% (at least 2) by mutation and crossover; only valid, unseen configs are measured."""
     allowed = set(valid)
-    trace: Trace = random_search(valid, problem, min(population, budget), measure, rng)
-    seen = {c for c, _ in trace}
+    first = rng.sample(list(valid), min(population, budget, len(valid)))
+    trace: Trace = list(zip(first, (yield first)))
+    seen = set(first)
     while len(trace) < budget and len(seen) < len(allowed):
         ranked = sorted((t for t in trace if t[1] is not None), key=lambda t: -t[1])
         elites = [c for c, _ in ranked[:max(2, len(ranked) // 5)]] or [rng.choice(list(allowed))]
@@ -94,5 +130,4 @@ def evolutionary_search(valid: Sequence[TileConfig], space_: ConfigSpace, proble
         if not children:  # the elites' neighbourhood is used up: a random newcomer
             children = [rng.choice([c for c in valid if c not in seen])]
             seen.add(children[0])
-        trace += list(zip(children, measure(problem, children)))
-    return trace[:budget]
+        trace += list(zip(children, (yield children)))

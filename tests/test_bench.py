@@ -15,7 +15,7 @@ from gnn_policy.database import Database
 from gnn_policy.measure.compile import CompileResult
 from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.policy import save_checkpoint
-from gnn_policy.search import Measurer, evolutionary_search, valid_configs
+from gnn_policy.search import Measurer, evolutionary_search, random_search, run_searches, valid_configs
 from gnn_policy.space import space
 from graphs import GemmProblem
 from training.bench import BenchArgs, run
@@ -23,19 +23,37 @@ from training.bench import BenchArgs, run
 H200 = hardware_specs.load("h200")
 
 
+class _MadeUpLaw:
+    """A Measurer stand-in whose TFLOP/s grow with the tile; it records every batch it is asked for."""
+
+    def __init__(self):
+        self.calls: list[list] = []
+
+    def many(self, jobs):
+        self.calls.append([(p.key, len(cs)) for p, cs in jobs])
+        return [[float(c.block_m * c.block_n) for c in cs] for _, cs in jobs]
+
+
 def test_evolutionary_search_spends_its_budget_on_distinct_valid_configs():
     problem = GemmProblem(64, 4096, 4096)
     valid = valid_configs(space("full"), H200, problem)
-    seen = []
-
-    def measure(p, configs):
-        seen.extend(configs)
-        return [float(c.block_m * c.block_n) for c in configs]
-
-    trace = evolutionary_search(valid, space("full"), problem, 30, measure, random.Random(0))
-    assert len(trace) == 30 and len({c for c, _ in trace}) == 30 and set(seen) <= set(valid)
+    [trace] = run_searches([(problem, evolutionary_search(valid, space("full"), 30, random.Random(0)))], _MadeUpLaw())
+    assert len(trace) == 30 and len({c for c, _ in trace}) == 30 and {c for c, _ in trace} <= set(valid)
     # it climbs: the later half finds bigger tiles than the random start on this made-up law
     assert max(t for _, t in trace[15:]) >= max(t for _, t in trace[:8])
+
+
+def test_run_searches_measures_every_problem_of_a_step_in_one_batch():
+    problems = [GemmProblem(m, 4096, 4096) for m in (16, 64, 256)]
+    law = _MadeUpLaw()
+    searches = [(p, evolutionary_search(valid_configs(space("full"), H200, p), space("full"), 20, random.Random(0)))
+                for p in problems]
+    searches.append((problems[0], random_search(valid_configs(space("full"), H200, problems[0]), 5, random.Random(1))))
+    traces = run_searches(searches, law)
+    assert [len(t) for t in traces] == [20, 20, 20, 5]
+    # step 1 holds all four searches; then the three evolutionary ones go on together, 8 + 8 + 4
+    assert law.calls[0] == [(p.key, 8) for p in problems] + [(problems[0].key, 5)]
+    assert law.calls[1:] == [[(p.key, n) for p in problems] for n in (8, 4)]
 
 
 def _fake_measured(tmp_path, problems: int, configs: int) -> tuple[str, Path]:
@@ -99,7 +117,10 @@ def test_a_time_limited_bench_stores_what_it_measured_and_a_rerun_finishes(tmp_p
 class _Compiled:
     """What CompilePool.stream yields on a GPU machine, without compiling."""
 
+    streams = 0
+
     def stream(self, jobs):
+        self.streams += 1
         for problem, config in jobs:
             yield CompileResult(problem.key, config.key, "ok", 0.25)
 
@@ -118,3 +139,17 @@ def test_measurer_with_a_compile_stream_tallies_into_a_fresh_defaultdict(tmp_pat
         values = Measurer(db, H200, _Pool(), _Compiled(), counts)(problem, configs)
     assert values == [float(c.block_m) for c in configs]
     assert counts["measured"] == 3 and counts["compile_cpu_s"] == 0.75
+
+
+def test_measurer_many_compiles_every_job_in_one_stream_and_measures_a_repeated_pair_once(tmp_path):
+    problems = [GemmProblem(64, 4096, 4096), GemmProblem(128, 4096, 4096)]
+    configs = [valid_configs(space("full"), H200, p)[:3] for p in problems]
+    compiled = _Compiled()
+    counts = defaultdict(int)
+    with Database(str(tmp_path / "m.sqlite")) as db:
+        measure = Measurer(db, H200, _Pool(), compiled, counts)
+        values = measure.many([(problems[0], configs[0]), (problems[1], configs[1]), (problems[0], configs[0][:1])])
+        assert values == [[float(c.block_m) for c in cs] for cs in (configs[0], configs[1], configs[0][:1])]
+        assert counts["measured"] == 6 and counts["compile_cpu_s"] == 1.5  # 6 compiles, one stream
+        assert compiled.streams == 1
+        assert measure.many([(problems[1], configs[1])]) == [values[1]] and compiled.streams == 1  # all stored

@@ -94,3 +94,30 @@ def test_a_time_limited_transfer_stops_between_runs_and_a_rerun_finishes(tmp_pat
     monkeypatch.undo()
     second = run(_args(tmp_path))
     assert "stopped_by_time_limit" not in second and (tmp_path / "out" / "transfer.csv").exists()
+
+
+def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_limit(tmp_path, monkeypatch):
+    from gnn_policy.collect import CollectArgs, run as collect
+    from training import finetune
+
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)  # the fake runner stands in for the H200
+
+    db = str(tmp_path / "m.sqlite")
+    collect(CollectArgs(db=db, gpu="h200", split="test", problems=2, configs=6, runner="fake_runner:measure"))
+    with Database(db) as d:
+        before = d.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+    shards = tmp_path / "shards"
+    args = _args(tmp_path, target="h200", simulate=False, runner="fake_runner:measure", db=db, shard_dir=str(shards),
+                 plain=_checkpoint(tmp_path / "p.pt", ("L40S",)), meta=_checkpoint(tmp_path / "m.pt", ("L40S",), 1))
+    first = run(dataclasses.replace(args, time_limit=1e-6))  # the limit passes during the first run
+    assert first["stopped_by_time_limit"] == 1 and "after 1 of" in first["report"]
+    assert not (tmp_path / "out" / "transfer.csv").exists()
+    [shard] = shards.glob("*.jsonl.gz")  # meta's B=0 picks, exported before the limit stopped the rest
+    assert "-meta-B0-s0" in shard.name and first["shard_rows"] > 0
+
+    done = run(args)
+    assert "stopped_by_time_limit" not in done and (tmp_path / "out" / "transfer.csv").exists()
+    assert len(list(shards.glob("*-meta-B0-s0.jsonl.gz"))) == 1  # its picks were stored: not measured again
+    with Database(db) as d:
+        after = d.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+    assert first["shard_rows"] + done["shard_rows"] == after - before  # every evaluation row is in a shard

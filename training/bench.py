@@ -54,22 +54,20 @@ class BenchArgs:
 
 
 def traces(problem, gpu, policy, measure, budget: int, seed: int, analytic) -> dict[str, list]:
-    from gnn_policy.search import evolutionary_search, fixed_list, random_search, valid_configs
+    from gnn_policy.search import (evolutionary_search, fixed_list, given, random_search, run_searches,
+                                   valid_configs)
     from gnn_policy.space import NAMED_LISTS
 
     space_ = policy.model.space
     valid = valid_configs(space_, gpu, problem)
-    picks = [p.config for p in policy.top_k(problem, gpu, budget)]
-    out = {"policy": list(zip(picks, measure(problem, picks)))}
-    for name, configs in NAMED_LISTS.items():
-        out[name] = fixed_list(configs, gpu, problem, budget, measure)
-    out["random"] = random_search(valid, problem, budget, measure, random.Random(f"{seed}:random:{problem.key}"))
-    out["evolutionary"] = evolutionary_search(valid, space_, problem, budget, measure,
-                                              random.Random(f"{seed}:evo:{problem.key}"))
     scores = analytic.predict_tflops(problem, valid, gpu)
     ranked = [valid[i] for i in sorted(range(len(valid)), key=lambda i: -scores[i])[:budget]]
-    out["analytic"] = list(zip(ranked, measure(problem, ranked)))
-    return out
+    searches = {"policy": given([p.config for p in policy.top_k(problem, gpu, budget)]),
+                **{name: fixed_list(configs, gpu, problem, budget) for name, configs in NAMED_LISTS.items()},
+                "random": random_search(valid, budget, random.Random(f"{seed}:random:{problem.key}")),
+                "evolutionary": evolutionary_search(valid, space_, budget, random.Random(f"{seed}:evo:{problem.key}")),
+                "analytic": given(ranked)}
+    return dict(zip(searches, run_searches([(problem, s) for s in searches.values()], measure)))
 
 
 def fractions(trace: list, best: float, budgets: list[int]) -> dict[int, float]:

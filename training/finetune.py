@@ -256,8 +256,8 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
 
     What was spent is counted in the database (rows of this GPU and source since the run
     began), so a kill between a measurement and the state file cannot make a resume spend it
-    twice. A count budget's share is split over the problems; a time budget's share of the
-    remaining seconds is spent in batches of two configs per problem.
+    twice. A count budget's share is split over the problems and measured in one batch; a time
+    budget's share of the remaining seconds is spent in batches of two configs per problem.
     """
     db = measure.db
     budget.spent_count = db.count_since(spec.name, measure.source, since)
@@ -266,27 +266,36 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
     seconds = (budget.seconds - budget.spent_seconds) / rounds_left if timed else 0.0
     out: dict = {}
     round_start = time.monotonic()
+
+    def spend(jobs: list) -> bool:
+        start = time.monotonic()
+        values = measure.many(jobs)
+        budget.spent_seconds += time.monotonic() - start
+        budget.spent_count = db.count_since(spec.name, measure.source, since)
+        save()
+        for (p, chosen), got in zip(jobs, values):
+            stored = db.measured(spec.name, measure.source, problem=p.key)
+            # a config that got no row (no valid layout, compile out of memory) teaches nothing
+            out.setdefault(p.key, {}).update({c.key: v for c, v in zip(chosen, got) if (p.key, c.key) in stored})
+        return any(chosen for _, chosen in jobs)
+
     while True:
-        progress = False
+        progress, jobs = False, []
         for i, p in enumerate(problems):
             if timed:
                 n = 2 if time.monotonic() - round_start < seconds else 0
-            else:  # the round's share split evenly; the remainder goes to other problems each round
+            else:  # the round's share split evenly (at most what is left); the remainder rotates over problems
                 n = min(share // len(problems) + ((i - rnd) % len(problems) < share % len(problems)), budget.left())
             if n <= 0:
                 continue
             known = db.tflops(spec.name, p.key, measure.source)
             known.update({k: None for k in db.failed_configs(spec.name, measure.source).get(p.key, ())})
-            chosen = _candidates(policy, p, spec, {**known, **out.get(p.key, {})}, n, rng)
-            start = time.monotonic()
-            values = measure(p, chosen)
-            budget.spent_seconds += time.monotonic() - start
-            budget.spent_count = db.count_since(spec.name, measure.source, since)
-            save()
-            stored = db.measured(spec.name, measure.source, problem=p.key)
-            # a config that got no row (no valid layout, compile out of memory) teaches nothing
-            out.setdefault(p.key, {}).update({c.key: v for c, v in zip(chosen, values) if (p.key, c.key) in stored})
-            progress = progress or bool(chosen)
+            jobs.append((p, _candidates(policy, p, spec, {**known, **out.get(p.key, {})}, n, rng)))
+            if timed:  # a time budget is checked before every problem's batch
+                progress = spend(jobs) or progress
+                jobs = []
+        if jobs:  # a count budget's whole round at once: its configs compile together
+            progress = spend(jobs) or progress
         if not timed or not progress or time.monotonic() - round_start >= seconds or not budget.left():
             return out
 

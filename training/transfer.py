@@ -75,10 +75,10 @@ class TransferArgs:
     work: str = flag("runs/transfer", "folder of the fine-tunes' databases, checkpoints and W&B runs")
     out: str = flag("docs/data/transfer", "folder for transfer.csv, transfer.md and transfer.png")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
-    time_limit: float = flag(0.0, "minutes after which no new (method, budget, seed) run starts: what was measured "
-                                  "is kept, no report is written, and a re-run goes on from there")
-    shard_dir: str = flag("", "write the evaluation measurements this run adds to a new shard here "
-                              "(e.g. data/measurements), so a fresh machine can resume")
+    time_limit: float = flag(0.0, "minutes after which no further (method, budget, seed) run starts (the first always "
+                                  "does): what was measured is kept, no report is written, and a re-run goes on from there")
+    shard_dir: str = flag("", "after each (method, budget, seed) run, write the evaluation measurements it added "
+                              "to a new shard here (e.g. data/measurements), so a fresh machine can resume")
     report_only: bool = flag(False, "run nothing: rebuild transfer.md, transfer.png and the W&B runs from the "
                                     "transfer.csv in --out (written on a GPU machine without wandb, say)")
 
@@ -129,7 +129,7 @@ def run(args: TransferArgs) -> dict:
     from gnn_policy.measure.workers import WorkerPool
     from gnn_policy.policy import Policy
     from gnn_policy.search import Measurer
-    from gnn_policy.snapshot import export_run, load_shipped
+    from gnn_policy.snapshot import export_run, load_shipped, run_stamp
 
     spec = hardware_specs.load(args.target)
     check_held_out(args, spec.name)
@@ -156,19 +156,20 @@ def run(args: TransferArgs) -> dict:
         measure = Measurer(db, spec, pool, compiler, counts, source=source)
         jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
-        since = db.high_water()
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         done = 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
-            if monotonic() > deadline:
-                break
+            since = db.high_water()
             picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
             rows += [{"target": spec.name, "split": args.split, "source": source, "method": method, "budget": budget,
                       "seed": seed, "problem": p.key, "picks": picks[p.key]} for p in problems]
             done += 1
+            if args.shard_dir and not args.simulate:  # after every run: a killed call keeps what it measured
+                counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer", since,
+                                                   f"{run_stamp()}-{method}-B{budget}-s{seed}")
+            if monotonic() > deadline:
+                break
         best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
-        if args.shard_dir and not args.simulate:
-            counts["shard_rows"] = export_run(db, args.shard_dir, spec.name, "transfer", since)
     if done < len(jobs):
         return {"target": spec.name, "problems": len(problems), **counts, "stopped_by_time_limit": 1,
                 "report": f"stopped by --time-limit after {done} of {len(jobs)} runs; run again to finish "
@@ -209,31 +210,37 @@ def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
 
 def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
            analytic, space_) -> dict[str, list]:
-    """Problem key -> TFLOP/s of the method's picks (top-1 first; one value for a search or a list)."""
-    from gnn_policy.search import evolutionary_search, fixed_list, random_search, valid_configs
+    """Problem key -> TFLOP/s of the method's picks (top-1 first; one value for a search or a list).
+    Every problem is searched at once, so each step's configs compile together."""
+    from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
-    out = {}
     policy = _adapted(args, method, budget, seed, spec) if method in POLICIES else None
+    searches = []
     for p in problems:
         rng = random.Random(f"{seed}:{method}:{p.key}")
         if policy is not None:
-            configs = [pick.config for pick in policy.top_k(p, spec, 8)]
-            out[p.key] = measure(p, configs)
+            searches.append((p, given([pick.config for pick in policy.top_k(p, spec, 8)])))
             continue
         valid = valid_configs(space_, spec, p)
         if method == "analytic":
             scores = analytic.predict_tflops(p, valid, spec)
-            out[p.key] = measure(p, [valid[i] for i in sorted(range(len(valid)), key=lambda i: -scores[i])[:8]])
-            continue
-        if method == "random":
-            trace = random_search(valid, p, budget, measure, rng)
+            search = given([valid[i] for i in sorted(range(len(valid)), key=lambda i: -scores[i])[:8]])
+        elif method == "random":
+            search = random_search(valid, budget, rng)
         elif method == "evolutionary":
-            trace = evolutionary_search(valid, space_, p, budget, measure, rng)
+            search = evolutionary_search(valid, space_, budget, rng)
         else:
-            trace = fixed_list(NAMED_LISTS[method], spec, p, len(NAMED_LISTS[method]), measure)
-        found = [v for _, v in trace if v is not None]
-        out[p.key] = [max(found)] if found else [None]
+            search = fixed_list(NAMED_LISTS[method], spec, p, len(NAMED_LISTS[method]))
+        searches.append((p, search))
+    out = {}
+    for (p, _), trace in zip(searches, run_searches(searches, measure)):
+        values = [v for _, v in trace]
+        if method in POLICIES or method == "analytic":
+            out[p.key] = values
+        else:
+            found = [v for v in values if v is not None]
+            out[p.key] = [max(found)] if found else [None]
     return out
 
 
