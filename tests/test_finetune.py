@@ -138,3 +138,32 @@ def test_a_time_budget_keeps_measuring_until_its_time_is_used(tmp_path, ckpt):
     short = run(_args(tmp_path, ckpt, gpu="h100", simulate=True, budget="0.001s", output=str(tmp_path / "a")))
     longer = run(_args(tmp_path, ckpt, gpu="h100", simulate=True, budget="3s", output=str(tmp_path / "b")))
     assert short["spent_measurements"] <= 2 * 3 * 2 < longer["spent_measurements"]
+
+
+def _replay_source(tmp_path, problems: int = 3) -> str:
+    """A database whose real H200 rows (the fake runner's) a replay answers from, tuning problems included."""
+    from gnn_policy.collect import CollectArgs, run as collect
+
+    path = str(tmp_path / "source.sqlite")
+    collect(CollectArgs(db=path, gpu="h200", split="train", problems=problems, configs=12, runner="fake_runner:measure"))
+    return path
+
+
+def test_a_replay_spends_its_budget_on_stored_configs_and_copies_their_rows(tmp_path, ckpt):
+    source = _replay_source(tmp_path)
+    card = run(_args(tmp_path, ckpt, budget="10", replay=source, snapshot=False, runner="no.such:runner"))
+    assert card["spent_measurements"] == 10 == _rows(tmp_path)  # no GPU, no runner: every row is a lookup
+    query = ("SELECT p.key, c.key, m.tflops FROM measurements m JOIN problems p ON p.id=m.problem_id "
+             "JOIN configs c ON c.id=m.config_id WHERE m.source='real'")
+    with Database(source) as src, Database(tmp_path / "m.sqlite") as db:
+        stored = {(p, c): tf for p, c, tf in src.conn.execute(query)}
+        replayed = list(db.conn.execute(query))
+    assert all(stored[p, c] == tf for p, c, tf in replayed)
+
+
+def test_a_replay_is_refused_with_the_snapshot_or_without_rows_of_its_tuning_problems(tmp_path, ckpt):
+    source = _replay_source(tmp_path, problems=1)
+    with pytest.raises(FinetuneError, match="--replay answers from stored real rows: .* --no-snapshot"):
+        run(_args(tmp_path, ckpt, replay=source))
+    with pytest.raises(FinetuneError, match=r"--replay .*source.sqlite has no rows of H200-SXM-141GB for tuning problems \["):
+        run(_args(tmp_path, ckpt, replay=source, snapshot=False))

@@ -51,6 +51,9 @@ class FinetuneArgs:
     lr: float = flag(3e-4, "learning rate of the adaptation")
     simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
     analytic: str = flag("", "the fitted analytic model --simulate measures with (default: checkpoints/analytic.json)")
+    replay: str = flag("", "answer every measurement from the real rows of --gpu stored in this database instead "
+                           "of measuring: a CPU dry run on real labels, candidates limited to the stored configs "
+                           "(needs --no-snapshot)")
     seed: int = flag(0, "seed of problem choice, mutations and shuffling")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
@@ -111,7 +114,10 @@ def run(args: FinetuneArgs) -> dict:
     from gnn_policy.snapshot import load_shipped
 
     spec = hardware_specs.load(args.gpu)
-    if not args.simulate:
+    if args.replay and (args.simulate or args.snapshot):
+        raise FinetuneError("--replay answers from stored real rows: it goes without --simulate, and with "
+                            "--no-snapshot (the snapshot would already hold the rows it replays)")
+    if not (args.simulate or args.replay):
         check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
     budget = Budget.parse(args.budget)
     source = "simulated" if args.simulate else "real"
@@ -119,11 +125,13 @@ def run(args: FinetuneArgs) -> dict:
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
-                                          "lr", "snapshot", "analytic")}
+                                          "lr", "snapshot", "analytic", "replay")}
     problems = select_problems(args.split, args.problems, args.seed)
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
+        if args.replay and (missing := [p.key for p in problems if not measure.pool.offers(p)]):
+            raise FinetuneError(f"--replay {args.replay} has no rows of {spec.name} for tuning problems {missing}")
         if args.snapshot:
             load_shipped(db)
         state = _resume_state(state_path, plan, db.high_water()[0])
@@ -196,7 +204,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 class _measurer:
-    """The measuring callable of the run (real worker + compile pool, or the analytic model)."""
+    """The measuring callable of the run (real worker + compile pool, the analytic model, or a replay)."""
 
     def __init__(self, db, spec, args: FinetuneArgs, source: str):
         self.db, self.spec, self.args, self.source = db, spec, args, source
@@ -213,7 +221,11 @@ class _measurer:
         from gnn_policy.search import Measurer
 
         self.stack = contextlib.ExitStack()
-        if self.source == "simulated":
+        if self.args.replay:
+            from gnn_policy.measure.replay import ReplayPool
+
+            pool, compiler = ReplayPool(self.args.replay, self.spec.name), None
+        elif self.source == "simulated":
             pool = SimulatedPool(load_fitted(self.args.analytic or DEFAULT_CHECKPOINT.parent / "analytic.json"),
                                  self.spec)
             compiler = None
@@ -228,19 +240,27 @@ class _measurer:
         self.stack.close()
 
 
-def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random) -> list:
-    """Up to n unmeasured configs: beam picks and mutations of the best so far, screened by the cost head."""
+def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, offered: set | None = None) -> list:
+    """Up to n unmeasured configs: beam picks and mutations of the best so far, screened by the cost head.
+
+    A replay can answer only its `offered` config keys, which the beam and the mutations rarely
+    hit; there the pool is the same number of unmeasured offered configs, the most probable first.
+    """
     import torch
 
     from gnn_policy.search import mutate
     from gnn_policy.space import TileConfig
 
     space_ = policy.model.space
-    pool = [p.config for p in policy.top_k(problem, spec, 4 * n)]
-    best = sorted((k for k, v in known.items() if v is not None and k != "cublas"), key=lambda k: -known[k])[:3]
-    for key in best:
-        pool += [mutate(TileConfig.from_key(key), space_, rng) for _ in range(2 * n)]
     mask = space_.problem_mask(spec, problem)
+    best = sorted((k for k, v in known.items() if v is not None and k != "cublas"), key=lambda k: -known[k])[:3]
+    if offered is None:
+        pool = [p.config for p in policy.top_k(problem, spec, 4 * n)]
+        for key in best:
+            pool += [mutate(TileConfig.from_key(key), space_, rng) for _ in range(2 * n)]
+    else:
+        stored = [c for c in map(TileConfig.from_key, sorted(offered - set(known))) if c in space_]
+        pool = [c for c, _ in policy.rank(problem, spec, stored)[:4 * n + 2 * n * len(best)]]
     fresh = [c for c in dict.fromkeys(pool) if c.key not in known and mask[space_.index(c)]]
     if not fresh:
         return []
@@ -290,7 +310,8 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
                 continue
             known = db.tflops(spec.name, p.key, measure.source)
             known.update({k: None for k in db.failed_configs(spec.name, measure.source).get(p.key, ())})
-            jobs.append((p, _candidates(policy, p, spec, {**known, **out.get(p.key, {})}, n, rng)))
+            offered = measure.pool.offers(p) if hasattr(measure.pool, "offers") else None
+            jobs.append((p, _candidates(policy, p, spec, {**known, **out.get(p.key, {})}, n, rng, offered)))
             if timed:  # a time budget is checked before every problem's batch
                 progress = spend(jobs) or progress
                 jobs = []
