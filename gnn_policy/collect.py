@@ -19,7 +19,7 @@ import itertools
 import random
 import time
 from collections import defaultdict
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from graphs import GemmProblem
 from graphs.suite import SPLITS, split
@@ -52,16 +52,19 @@ class CollectArgs:
                                  "problem costs seconds per config")
 
 
-def select_problems(name: str, count: int, seed: int, max_gflop: float = 0.0) -> list[GemmProblem]:
+def select_problems(name: str, count: int, seed: int, max_gflop: float = 0.0,
+                    where: Callable[[GemmProblem], bool] | None = None) -> list[GemmProblem]:
     """`count` problems of a split, round-robin over its families (all when count is 0), of at
-    most `max_gflop` GFLOP each when that is set.
+    most `max_gflop` GFLOP each when that is set, and only those `where` accepts when given.
 
     A split's selection is the `all` selection's order restricted to the split, so the first
     problems of a split that `collect --split all` measured are the ones a later
     `--split test --problems N` (a dense sweep, a bench, a transfer run) selects.
     """
-    small = (lambda p: p.flops <= max_gflop * 1e9) if max_gflop else (lambda p: True)
-    pool = [p for s in (SPLITS if name == "all" else [name]) for p in split(s) if small(p)]
+    def eligible(p: GemmProblem) -> bool:
+        return (not max_gflop or p.flops <= max_gflop * 1e9) and (where is None or where(p))
+
+    pool = [p for s in (SPLITS if name == "all" else [name]) for p in split(s) if eligible(p)]
     if not count or count >= len(pool):
         return pool
     by_family: dict[str, list[GemmProblem]] = defaultdict(list)
@@ -73,7 +76,7 @@ def select_problems(name: str, count: int, seed: int, max_gflop: float = 0.0) ->
     wanted = {p.model for p in pool}
     # members are taken from the end of each shuffled list, as the first collections did
     order = [p for row in itertools.zip_longest(*(m[::-1] for m in by_family.values())) for p in row
-             if p is not None and p.model in wanted and small(p)]
+             if p is not None and p.model in wanted and eligible(p)]
     return order[:count]
 
 

@@ -161,9 +161,12 @@ def test_a_replay_spends_its_budget_on_stored_configs_and_copies_their_rows(tmp_
     assert all(stored[p, c] == tf for p, c, tf in replayed)
 
 
-def test_a_replay_is_refused_with_the_snapshot_or_without_rows_of_its_tuning_problems(tmp_path, ckpt):
+def test_a_replay_tunes_on_problems_it_holds_and_is_refused_with_the_snapshot_or_none(tmp_path, ckpt):
     source = _replay_source(tmp_path, problems=1)
     with pytest.raises(FinetuneError, match="--replay answers from stored real rows: .* --no-snapshot"):
         run(_args(tmp_path, ckpt, replay=source))
-    with pytest.raises(FinetuneError, match=r"--replay .*source.sqlite has no rows of H200-SXM-141GB for tuning problems \["):
-        run(_args(tmp_path, ckpt, replay=source, snapshot=False))
+    card = run(_args(tmp_path, ckpt, replay=source, snapshot=False, budget="4", seed=1))  # seed 1 draws others first
+    with Database(source) as src:
+        assert card["problems"] == [p.key for p in src.problems(H200.name)]
+    with pytest.raises(FinetuneError, match=r"--replay .*source.sqlite has no rows of H200-SXM-141GB for val-split"):
+        run(_args(tmp_path, ckpt, replay=source, snapshot=False, split="val", output=str(tmp_path / "v")))

@@ -126,12 +126,14 @@ def run(args: FinetuneArgs) -> dict:
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
                                           "lr", "snapshot", "analytic", "replay")}
-    problems = select_problems(args.split, args.problems, args.seed)
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
-        if args.replay and (missing := [p.key for p in problems if not measure.pool.offers(p)]):
-            raise FinetuneError(f"--replay {args.replay} has no rows of {spec.name} for tuning problems {missing}")
+        # a replay can only tune on problems it holds rows of
+        problems = select_problems(args.split, args.problems, args.seed,
+                                   where=(lambda p: bool(measure.pool.offers(p))) if args.replay else None)
+        if not problems:
+            raise FinetuneError(f"--replay {args.replay} has no rows of {spec.name} for {args.split}-split problems")
         if args.snapshot:
             load_shipped(db)
         state = _resume_state(state_path, plan, db.high_water()[0])
