@@ -168,3 +168,16 @@ def test_the_cli_writes_the_plain_comparator_beside_the_meta_checkpoint(tmp_path
     assert card["algorithm"]["epsilon"] == card["algorithm"]["epsilon_end"] == 1.0
     assert Policy.load(tmp_path / "ckpt" / "plain.pt") and (tmp_path / "ckpt" / "plain.card.json").exists()
     assert not (tmp_path / "ckpt" / "meta.pt").exists()
+
+
+def test_real_weight_draws_tasks_of_real_rows_that_many_times_as_often():
+    from training.meta_data import TaskStream
+    from training.tasks import Task
+
+    tasks = build_tasks(("h200",), ("a100", "l4"), SIM, select_problems("train", 2, 0))
+    real = Task(SLICE.name, "real", tasks[0].samples, [])  # the same samples, labelled as a slice's real rows
+    vocab = GpuVocab(tuple(t.gpu for t in [*tasks, real]))
+    drawn = [b.gpu for b in TaskStream([*tasks, real], 600, 1, 2, SIM.space, vocab, seed=0, real_weight=4.0)]
+    assert 0.6 < drawn.count(SLICE.name) / len(drawn) < 0.73  # 4 / (4 + 1 + 1)
+    even = [b.gpu for b in TaskStream([*tasks, real], 600, 1, 2, SIM.space, vocab, seed=0)]
+    assert 0.27 < even.count(SLICE.name) / len(even) < 0.4  # one in three

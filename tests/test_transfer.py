@@ -86,10 +86,12 @@ def test_measurements_to_reach_takes_the_first_budget_that_gets_there():
 def test_a_time_limited_transfer_stops_between_runs_and_a_rerun_finishes(tmp_path, monkeypatch):
     import training.transfer as transfer
 
-    clock = iter(range(0, 10**6, 40))  # each reading 40 s later: a 1.5-minute limit admits two runs
+    # each reading 40 s later, one after every run: runs start at 0, 40 and 80 s, and the check
+    # after the third (120 s) is past the 1.5-minute limit
+    clock = iter(range(0, 10**6, 40))
     monkeypatch.setattr(transfer, "monotonic", lambda: next(clock))
     first = run(_args(tmp_path, time_limit=1.5))
-    assert first["stopped_by_time_limit"] == 1 and "after 2 of 11 runs" in first["report"]
+    assert first["stopped_by_time_limit"] == 1 and "after 3 of 11 runs" in first["report"]
     assert not (tmp_path / "out" / "transfer.csv").exists()
     monkeypatch.undo()
     second = run(_args(tmp_path))

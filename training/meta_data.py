@@ -55,19 +55,21 @@ def steps(measured: list[list[Sample]], demos: list[list[Sample]], space: Config
 
 
 class TaskStream(IterableDataset):
-    """`length` task batches per pass, drawn from a seeded stream that continues across passes."""
+    """`length` task batches per pass, drawn from a seeded stream that continues across passes;
+    a task of real rows is drawn `real_weight` times as often as any other."""
 
     def __init__(self, tasks: Sequence[Task], length: int, inner_steps: int, batch_size: int, space: ConfigSpace,
-                 vocab: GpuVocab, seed: int):
+                 vocab: GpuVocab, seed: int, real_weight: float = 1.0):
         self.tasks, self.length, self.inner_steps, self.batch_size = list(tasks), length, inner_steps, batch_size
         self.space, self.vocab, self.rng = space, vocab, random.Random(f"tasks:{seed}")
+        self.weights = [real_weight if t.source == "real" else 1.0 for t in self.tasks] if real_weight != 1 else None
 
     def __len__(self) -> int:
         return self.length
 
     def __iter__(self) -> Iterator[TaskBatch]:
         for _ in range(self.length):
-            task = self.rng.choice(self.tasks)
+            task = self.rng.choices(self.tasks, self.weights)[0] if self.weights else self.rng.choice(self.tasks)
             n = self.inner_steps + 1
             batches = steps(chunks(task.samples, n, self.batch_size, self.rng),
                             chunks(task.demos, n, self.batch_size, self.rng), self.space, self.vocab)
@@ -96,10 +98,10 @@ def _as_is(item: Any) -> Any:
 
 class MetaDataModule(pl.LightningDataModule):
     def __init__(self, tasks: Sequence[Task], held: Sequence[HeldOut], space: ConfigSpace, vocab: GpuVocab, *,
-                 steps_per_epoch: int, inner_steps: int, batch_size: int, seed: int):
+                 steps_per_epoch: int, inner_steps: int, batch_size: int, seed: int, real_weight: float = 1.0):
         super().__init__()
         self.tasks, self.held = list(tasks), list(held)
-        self.stream = TaskStream(tasks, steps_per_epoch, inner_steps, batch_size, space, vocab, seed)
+        self.stream = TaskStream(tasks, steps_per_epoch, inner_steps, batch_size, space, vocab, seed, real_weight)
         # built once, so every validation adapts on the same batches and scores the same query
         self.adaptation = [adaptation_batch(h, inner_steps, batch_size, space, vocab) for h in held]
 

@@ -49,6 +49,8 @@ class MetaPretrainArgs:
                                      action="append")
     real: bool = flag(True, "make a task of every GPU with real rows in the database, SM slices included "
                             "(in place of its simulated task)")
+    real_weight: float = flag(1.0, "how many times as often a task of real rows is drawn as a simulated or "
+                                   "imported one")
     imitation_weight: float = flag(1.0, "weight of the imitation loss; the GPUs of the imported vLLM / SGLang "
                                         "configs become tasks (0: no imported data)")
     imported: str = flag(str(TUNED_CONFIGS), "folder of the imported tuned configs")
@@ -106,7 +108,8 @@ def run(args: MetaPretrainArgs) -> dict:
                             meta_steps=args.epochs * args.steps_per_epoch, fresh_inner=not args.plain)
     name = "plain" if args.plain else "meta"
     data = MetaDataModule(tasks, held, space_, GpuVocab(model_config.gpu_names), steps_per_epoch=args.steps_per_epoch,
-                          inner_steps=args.inner_steps, batch_size=args.batch_size, seed=args.seed)
+                          inner_steps=args.inner_steps, batch_size=args.batch_size, seed=args.seed,
+                          real_weight=args.real_weight)
     module = ReptileModule(model_config, reptile, LossWeights(temperature=args.temperature,
                                                               imitation=args.imitation_weight))
     trainer = pl.Trainer(
