@@ -40,7 +40,8 @@ class Measurer:
         once, so later problems compile while earlier ones are timed."""
         from gnn_policy.collect import take_compiled
 
-        todo, scheduled = [], set()  # a pair asked for by two jobs is measured once
+        # two jobs may ask for one pair before either is stored: measure it once, both read its row
+        todo, scheduled = [], set()
         for problem, configs in jobs:
             tried = self.db.measured(self.gpu.name, self.source, problem=problem.key) | scheduled
             todo.append([c for c in dict.fromkeys(configs) if (problem.key, c.key) not in tried])

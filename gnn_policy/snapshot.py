@@ -32,9 +32,11 @@ def export_shard(db: Database, path: Path, since: tuple[int, int]) -> int:
     if path.exists():
         raise FileExistsError(f"{path}: shards are append-only; choose a new name")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as f:
+    partial = path.with_name(path.name + ".partial")  # a kill mid-write must not leave a shard that cannot load
+    with gzip.open(partial, "wt") as f:
         for row in rows:
             f.write(json.dumps(row, sort_keys=True) + "\n")
+    os.replace(partial, path)
     return len(rows)
 
 

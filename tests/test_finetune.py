@@ -170,3 +170,26 @@ def test_a_replay_tunes_on_problems_it_holds_and_is_refused_with_the_snapshot_or
         assert card["problems"] == [p.key for p in src.problems(H200.name)]
     with pytest.raises(FinetuneError, match=r"--replay .*source.sqlite has no rows of H200-SXM-141GB for val-split"):
         run(_args(tmp_path, ckpt, replay=source, snapshot=False, split="val", output=str(tmp_path / "v")))
+
+
+def test_a_replay_answers_with_the_figure_best_known_uses_and_a_failure_only_without_one(tmp_path):
+    from gnn_policy.measure.replay import ReplayPool
+    from gnn_policy.measure.result import Measurement
+    from gnn_policy.search import valid_configs
+    from gnn_policy.space import space
+    from graphs import GemmProblem
+
+    problem = GemmProblem(64, 4096, 4096)
+    a, b, c = valid_configs(space("full"), H200, problem)[:3]
+    rows = [Measurement(H200.name, problem.key, a.key, "ok", median_ms=1.0, tflops=100.0, versions="v1"),
+            Measurement(H200.name, problem.key, a.key, "crashed", versions="v2"),  # a later failure does not win
+            Measurement(H200.name, problem.key, b.key, "ok", median_ms=2.0, tflops=50.0, versions="v1"),
+            Measurement(H200.name, problem.key, b.key, "ok", median_ms=1.0, tflops=100.0, versions="v2"),
+            Measurement(H200.name, problem.key, c.key, "timeout", versions="v1")]
+    with Database(tmp_path / "s.sqlite") as db:
+        db.add([(m, problem, cfg) for m, cfg in zip(rows, (a, a, b, b, c))])
+        best = db.tflops(H200.name, problem.key)
+    replayed = {m.config: m for m in ReplayPool(tmp_path / "s.sqlite", H200.name).run(problem, [a, b, c])}
+    assert {k: replayed[k].tflops for k in (a.key, b.key)} == {a.key: best[a.key], b.key: best[b.key]} == \
+        {a.key: 100.0, b.key: 100.0}
+    assert replayed[c.key].status == "timeout" and replayed[c.key].tflops is None

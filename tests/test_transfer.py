@@ -111,10 +111,21 @@ def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_
     shards = tmp_path / "shards"
     args = _args(tmp_path, target="h200", simulate=False, runner="fake_runner:measure", db=db, shard_dir=str(shards),
                  plain=_checkpoint(tmp_path / "p.pt", ("L40S",)), meta=_checkpoint(tmp_path / "m.pt", ("L40S",), 1))
+
+    def killed(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("gnn_policy.snapshot.export_run", killed)  # the call is killed before its first export
+    with pytest.raises(KeyboardInterrupt):
+        run(args)
+    monkeypatch.undo()
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    assert not shards.exists()
+
     first = run(dataclasses.replace(args, time_limit=1e-6))  # the limit passes during the first run
     assert first["stopped_by_time_limit"] == 1 and "after 1 of" in first["report"]
     assert not (tmp_path / "out" / "transfer.csv").exists()
-    [shard] = shards.glob("*.jsonl.gz")  # meta's B=0 picks, exported before the limit stopped the rest
+    [shard] = shards.glob("*.jsonl.gz")  # meta's B=0 picks, measured by the killed call, exported now
     assert "-meta-B0-s0" in shard.name and first["shard_rows"] > 0
 
     done = run(args)
@@ -122,4 +133,4 @@ def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_
     assert len(list(shards.glob("*-meta-B0-s0.jsonl.gz"))) == 1  # its picks were stored: not measured again
     with Database(db) as d:
         after = d.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
-    assert first["shard_rows"] + done["shard_rows"] == after - before  # every evaluation row is in a shard
+    assert first["shard_rows"] + done["shard_rows"] == after - before  # every evaluation row is in one shard

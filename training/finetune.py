@@ -132,7 +132,7 @@ def run(args: FinetuneArgs) -> dict:
         # a replay can only tune on problems it holds rows of
         problems = select_problems(args.split, args.problems, args.seed,
                                    where=(lambda p: bool(measure.pool.offers(p))) if args.replay else None)
-        if not problems:
+        if args.replay and not problems:
             raise FinetuneError(f"--replay {args.replay} has no rows of {spec.name} for {args.split}-split problems")
         if args.snapshot:
             load_shipped(db)
@@ -186,7 +186,7 @@ def _resume_state(path: Path, plan: dict, high_water: int) -> dict:
     if not path.exists():
         return {"plan": plan, "since": high_water, "round": 0, "spent_seconds": 0.0}
     state = json.loads(path.read_text())
-    if state["plan"] != plan:
+    if {"replay": "", **state["plan"]} != plan:  # a state saved before --replay existed has no such key
         raise FinetuneError(f"{path} belongs to a run with {state['plan']}, not {plan}: finish that run with "
                             "the same flags, or give another --output")
     return state
@@ -261,7 +261,7 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, 
         for key in best:
             pool += [mutate(TileConfig.from_key(key), space_, rng) for _ in range(2 * n)]
     else:
-        stored = [c for c in map(TileConfig.from_key, sorted(offered - set(known))) if c in space_]
+        stored = [TileConfig.from_key(k) for k in sorted(offered - set(known))]
         pool = [c for c, _ in policy.rank(problem, spec, stored)[:4 * n + 2 * n * len(best)]]
     fresh = [c for c in dict.fromkeys(pool) if c.key not in known and mask[space_.index(c)]]
     if not fresh:

@@ -82,6 +82,8 @@ class MetaPretrainArgs:
 
 def run(args: MetaPretrainArgs) -> dict:
     """Build the tasks, meta-train, write the checkpoint and its card; returns the card."""
+    if args.real_weight <= 0:
+        raise ValueError(f"--real-weight {args.real_weight}: give a positive factor (1: every task alike)")
     import pytorch_lightning as pl
     import torch
     import torch_geometric

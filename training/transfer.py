@@ -27,6 +27,7 @@ wandb.Table. Resumable: fine-tunes resume, and stored measurements are not taken
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -37,6 +38,7 @@ from gnn_policy.database import DEFAULT_PATH
 from training.finetune import FinetuneArgs
 
 FLOOR = 0.01
+EXPORTED = "transfer:exported"  # database meta: high water of transfer's last shard export
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 POLICIES = ("meta", "plain", "scratch")
 SEARCHES = ("random", "evolutionary")
@@ -75,10 +77,12 @@ class TransferArgs:
     work: str = flag("runs/transfer", "folder of the fine-tunes' databases, checkpoints and W&B runs")
     out: str = flag("docs/data/transfer", "folder for transfer.csv, transfer.md and transfer.png")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
-    time_limit: float = flag(0.0, "minutes after which no further (method, budget, seed) run starts (the first always "
-                                  "does): what was measured is kept, no report is written, and a re-run goes on from there")
-    shard_dir: str = flag("", "after each (method, budget, seed) run, write the evaluation measurements it added "
-                              "to a new shard here (e.g. data/measurements), so a fresh machine can resume")
+    time_limit: float = flag(0.0, "minutes after which no further (method, budget, seed) run starts (the first "
+                                  "always does): what was measured is kept, no report is written, and a re-run "
+                                  "goes on from there")
+    shard_dir: str = flag("", "after each (method, budget, seed) run, write the evaluation measurements added "
+                              "since the last export to a new shard here (e.g. data/measurements), so a fresh "
+                              "machine can resume")
     report_only: bool = flag(False, "run nothing: rebuild transfer.md, transfer.png and the W&B runs from the "
                                     "transfer.csv in --out (written on a GPU machine without wandb, say)")
 
@@ -91,8 +95,6 @@ def seen_gpus(path: str | Path) -> tuple[str, ...]:
 
 
 def check_held_out(args: TransferArgs, target: str) -> None:
-    import json
-
     from gnn_policy.measure.simulator import fitted_gpus
 
     for name, path in (("--meta", args.meta), ("--plain", args.plain)):
@@ -157,16 +159,20 @@ def run(args: TransferArgs) -> dict:
         jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
+        exporting = bool(args.shard_dir) and not args.simulate
+        if exporting and not db.meta(EXPORTED):
+            db.set_meta(EXPORTED, json.dumps(db.high_water()))
         done = 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
-            since = db.high_water()
             picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
             rows += [{"target": spec.name, "split": args.split, "source": source, "method": method, "budget": budget,
                       "seed": seed, "problem": p.key, "picks": picks[p.key]} for p in problems]
             done += 1
-            if args.shard_dir and not args.simulate:  # after every run: a killed call keeps what it measured
-                counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer", since,
+            if exporting:  # after every run, from the last export on: rows of a run killed earlier go too
+                counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
+                                                   tuple(json.loads(db.meta(EXPORTED))),
                                                    f"{run_stamp()}-{method}-B{budget}-s{seed}")
+                db.set_meta(EXPORTED, json.dumps(db.high_water()))
             if monotonic() > deadline:
                 break
         best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}

@@ -15,28 +15,36 @@ from graphs import GemmProblem
 from gnn_policy.measure.result import CUBLAS, Measurement
 from gnn_policy.space import TileConfig
 
-FIELDS = ("gpu", "problem", "config", "source", "versions", "status", "median_ms", "p10_ms", "p90_ms", "tflops",
-          "max_rel_err", "sm_mhz", "error")
-
 
 class ReplayError(RuntimeError):
     """The replay database cannot answer: no rows of the GPU, or a config it never measured."""
 
 
 class ReplayPool:
-    """A WorkerPool look-alike that returns the stored real rows of one GPU."""
+    """A WorkerPool look-alike that returns one row per stored (problem, config) of one GPU.
 
-    def __init__(self, path: str | Path, gpu: str):
+    A correct config answers with the figure `Database.tflops` gives it (re-timings included,
+    the best across software versions), the one best known is made of; a config with failed
+    rows alone answers with one of them.
+    """
+
+    def __init__(self, path: str | Path, gpu: str) -> None:
         from gnn_policy.database import Database
 
         if not Path(path).exists():
             raise ReplayError(f"--replay {path} does not exist")
+        versions = f"replay of {Path(path).name}"
         self.stored: dict[str, dict[str, Measurement]] = {}
         with Database(path) as db:
+            for p in db.problems(gpu):
+                figures = db.tflops(gpu, p.key)
+                figures.pop(CUBLAS, None)
+                self.stored[p.key] = {k: Measurement(gpu, p.key, k, "ok", median_ms=p.flops / (tf * 1e9), tflops=tf,
+                                                     versions=versions) for k, tf in figures.items()}
             for row in db.rows_after(0):
-                if row["gpu"] == gpu and row["source"] == "real" and row["config"] != CUBLAS:
-                    self.stored.setdefault(row["problem"], {})[row["config"]] = \
-                        Measurement(**{k: row[k] for k in FIELDS})
+                if row["gpu"] == gpu and row["source"] == "real" and row["status"] != "ok" and row["config"] != CUBLAS:
+                    self.stored.setdefault(row["problem"], {}).setdefault(row["config"], Measurement(
+                        gpu, row["problem"], row["config"], row["status"], error=row["error"], versions=versions))
         if not self.stored:
             raise ReplayError(f"--replay {path} holds no real rows of {gpu}")
 
