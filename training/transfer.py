@@ -143,7 +143,13 @@ def run(args: TransferArgs) -> dict:
     counts: defaultdict = defaultdict(int)
     rows: list[dict] = []
     with Database(_evaluation_db(args)) as db, contextlib.ExitStack() as stack:
+        exporting = bool(args.shard_dir) and not args.simulate
+        if exporting and db.meta(EXPORTED):  # rows of a killed run, shipped before new shards arrive after them
+            counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
+                                               tuple(json.loads(db.meta(EXPORTED))), f"{run_stamp()}-recovered")
         load_shipped(db)
+        if exporting:
+            db.set_meta(EXPORTED, json.dumps(db.high_water()))
         # the split's problems collected first, with seed 0 as `collect` draws them (test: the dense sweeps)
         problems = select_problems(args.split, args.problems, 0)
         if args.simulate:
@@ -159,16 +165,13 @@ def run(args: TransferArgs) -> dict:
         jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
-        exporting = bool(args.shard_dir) and not args.simulate
-        if exporting and not db.meta(EXPORTED):
-            db.set_meta(EXPORTED, json.dumps(db.high_water()))
         done = 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
             picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
             rows += [{"target": spec.name, "split": args.split, "source": source, "method": method, "budget": budget,
                       "seed": seed, "problem": p.key, "picks": picks[p.key]} for p in problems]
             done += 1
-            if exporting:  # after every run, from the last export on: rows of a run killed earlier go too
+            if exporting:  # after every run: a killed call loses at most the run in flight
                 counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
                                                    tuple(json.loads(db.meta(EXPORTED))),
                                                    f"{run_stamp()}-{method}-B{budget}-s{seed}")
