@@ -62,6 +62,7 @@ class TaskStream(IterableDataset):
                  vocab: GpuVocab, seed: int, real_weight: float = 1.0):
         self.tasks, self.length, self.inner_steps, self.batch_size = list(tasks), length, inner_steps, batch_size
         self.space, self.vocab, self.rng = space, vocab, random.Random(f"tasks:{seed}")
+        # unweighted draws keep rng.choice, so the task order of earlier trainings is reproduced
         self.weights = [real_weight if t.source == "real" else 1.0 for t in self.tasks] if real_weight != 1 else None
 
     def __len__(self) -> int:
