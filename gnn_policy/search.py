@@ -78,8 +78,8 @@ def run_searches(searches: Sequence[tuple[GemmProblem, Search]], measure: Measur
 
 
 def valid_configs(space_: ConfigSpace, gpu: GpuSpec, problem: GemmProblem) -> list[TileConfig]:
-    mask = space_.problem_mask(gpu, problem).flatten().tolist()
-    return [c for c, ok in zip(space_, mask) if ok]
+    points = tuple(space_)
+    return [points[i] for i in space_.problem_mask(gpu, problem).flatten().nonzero().flatten().tolist()]
 
 
 def given(configs: Sequence[TileConfig]) -> Search:

@@ -174,9 +174,7 @@ class ConfigSpace:
         return dict(self.knobs)
 
     def __iter__(self) -> Iterator[TileConfig]:
-        names = [n for n, _ in self.knobs]
-        for combo in itertools.product(*(v for _, v in self.knobs)):
-            yield TileConfig(**dict(zip(names, combo)))
+        return iter(_points(self))
 
     def __len__(self) -> int:
         return math.prod(len(v) for _, v in self.knobs)
@@ -236,6 +234,13 @@ def tma_fits(problem: Any) -> bool:
     a_rows = problem.k if problem.a_layout == "row" else problem.m
     b_rows = problem.n if problem.b_layout == "row" else problem.k
     return (a_rows * e) % 16 == 0 and (b_rows * e) % 16 == 0
+
+
+@functools.lru_cache(maxsize=8)
+def _points(space_: ConfigSpace) -> tuple[TileConfig, ...]:
+    """Every point in grid order, built once: searches walk a 90,000-point space per problem."""
+    names = [n for n, _ in space_.knobs]
+    return tuple(TileConfig(**dict(zip(names, combo))) for combo in itertools.product(*(v for _, v in space_.knobs)))
 
 
 @functools.lru_cache(maxsize=64)

@@ -135,3 +135,22 @@ def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_
     with Database(db) as d:
         after = d.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
     assert first["shard_rows"] + done["shard_rows"] == after - before  # every evaluation row is in one shard
+
+
+def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_settings(tmp_path, capsys):
+    first = run(_args(tmp_path))
+    log = tmp_path / "out" / "runs.jsonl"
+    assert first["runs"] == 11 and len(log.read_text().splitlines()) == 11
+    with log.open("a") as f:
+        f.write('{"settings": "cut short by a kill')
+
+    # an empty --work, as on a fresh GPU lease: nothing is fine-tuned or searched again
+    again = run(_args(tmp_path, work=str(tmp_path / "fresh")))
+    assert again["runs"] == 0 and again["report"] == first["report"]
+    assert not (tmp_path / "fresh" / "meta-B4-s0").exists()
+    assert log.read_text().endswith("\n") and len(log.read_text().splitlines()) == 11
+
+    # other fine-tune settings: the runs are done again, beside the old ones
+    changed = run(_args(tmp_path, work=str(tmp_path / "changed"), lr=1e-2))
+    assert changed["runs"] == 11 and (tmp_path / "changed" / "meta-B4-s0").exists()
+    assert "11 finished runs in" in capsys.readouterr().out and len(log.read_text().splitlines()) == 22

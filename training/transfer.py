@@ -22,7 +22,9 @@ valid space (so `analytic` is the oracle there): a dry run of the protocol on th
 Writes transfer.csv (one row per method, budget, seed and problem), transfer.md,
 transfer.png, and one offline W&B run per (method, budget, seed): job_type `transfer`, group
 `transfer-<target>`, tags method= budget= seed=, keys transfer/top1 and transfer/top8 and a
-wandb.Table. Resumable: fine-tunes resume, and stored measurements are not taken again.
+wandb.Table. Resumable: each finished run's picks go to runs.jsonl in --out, which a re-run with
+the same settings reuses on any machine (commit it, or carry it to a fresh GPU lease); an
+unfinished fine-tune resumes from its state in --work; stored measurements are not taken again.
 """
 from __future__ import annotations
 
@@ -36,8 +38,10 @@ from time import monotonic
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
 from training.finetune import FinetuneArgs
+from training.transfer_log import TransferLog, fingerprint
 
 FLOOR = 0.01
+RUN_LOG = "runs.jsonl"  # in --out: finished runs' picks, what a re-run on a fresh machine reuses
 EXPORTED = "transfer:exported"  # database meta: high water of transfer's last shard export
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 POLICIES = ("meta", "plain", "scratch")
@@ -162,27 +166,34 @@ def run(args: TransferArgs) -> dict:
         if not problems:
             raise TransferError(f"no {args.split}-split problem is measured on {spec.name} in {args.db}: collect them first")
         measure = Measurer(db, spec, pool, compiler, counts, source=source)
+        log = TransferLog(Path(args.out) / RUN_LOG, _settings(args, spec.name, source, problems))
+        if log.ignored:
+            print(f"{log.ignored} finished runs in {log.path} have other settings: not reused")
         jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         done = 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
-            picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
+            picks = log.get(method, budget, seed)
+            if picks is None:
+                picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
+                if exporting:  # after every run: a killed call loses at most the run in flight
+                    counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
+                                                       tuple(json.loads(db.meta(EXPORTED))),
+                                                       f"{run_stamp()}-{method}-B{budget}-s{seed}")
+                    db.set_meta(EXPORTED, json.dumps(db.high_water()))
+                log.add(method, budget, seed, picks)
+                counts["runs"] += 1
             rows += [{"target": spec.name, "split": args.split, "source": source, "method": method, "budget": budget,
                       "seed": seed, "problem": p.key, "picks": picks[p.key]} for p in problems]
             done += 1
-            if exporting:  # after every run: a killed call loses at most the run in flight
-                counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
-                                                   tuple(json.loads(db.meta(EXPORTED))),
-                                                   f"{run_stamp()}-{method}-B{budget}-s{seed}")
-                db.set_meta(EXPORTED, json.dumps(db.high_water()))
-            if monotonic() > deadline:
+            if counts["runs"] and monotonic() > deadline:  # reused runs cost nothing: one new run always goes
                 break
         best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
     if done < len(jobs):
         return {"target": spec.name, "problems": len(problems), **counts, "stopped_by_time_limit": 1,
                 "report": f"stopped by --time-limit after {done} of {len(jobs)} runs; run again to finish "
-                          "(fine-tunes resume, measurements are reused), no report written"}
+                          f"(finished runs are kept in {Path(args.out) / RUN_LOG}, measurements are reused), no report written"}
     for r in rows:
         values = r.pop("picks")
         r["top1"] = _fraction(values[:1], best[r["problem"]])
@@ -191,6 +202,13 @@ def run(args: TransferArgs) -> dict:
     if args.wandb:
         _log_wandb(args, rows, spec.name)
     return {"target": spec.name, "problems": len(problems), **counts, "report": report}
+
+
+def _settings(args: TransferArgs, target: str, source: str, problems) -> str:
+    """What a finished run's picks depend on, beyond its (method, budget, seed)."""
+    settings = {"target": target, "split": args.split, "source": source, "problems": [p.key for p in problems],
+                "tune_problems": args.tune_problems, "rounds": args.rounds, "steps": args.steps, "lr": args.lr}
+    return fingerprint(settings, [args.meta, args.plain, args.analytic])
 
 
 def _evaluation_db(args: TransferArgs) -> Path:
