@@ -29,7 +29,6 @@ from gnn_policy.database import DEFAULT_PATH
 
 FAILED_REWARD = math.log(0.05)  # below every correct config's reward, which is clipped at log 0.1
 FLOOR_REWARD = math.log(0.1)
-ADAPT = {"all": None, "hardware": ("hw.", "gpu_embed.", "film.")}  # parameter-name prefixes moved, None: all
 
 
 class FinetuneError(RuntimeError):
@@ -50,8 +49,6 @@ class FinetuneArgs:
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over")
     steps: int = flag(5, "gradient steps after each round: as many as Reptile's inner loop takes")
     lr: float = flag(3e-4, "learning rate of the adaptation")
-    adapt: str = flag("all", "weights the fine-tune moves: all, or hardware (the spec encoder, GPU embedding "
-                             "and FiLM layer that condition everything else on the GPU)", choices=ADAPT)
     simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
     analytic: str = flag("", "the fitted analytic model --simulate measures with (default: checkpoints/analytic.json)")
     replay: str = flag("", "answer every measurement from the real rows of --gpu stored in this database instead "
@@ -128,7 +125,7 @@ def run(args: FinetuneArgs) -> dict:
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
-                                          "lr", "adapt", "snapshot", "analytic", "replay")}
+                                          "lr", "snapshot", "analytic", "replay")}
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
@@ -150,10 +147,7 @@ def run(args: FinetuneArgs) -> dict:
         budget.spent_seconds = state["spent_seconds"]
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
         policy = Policy.load(weights if state["round"] else args.checkpoint or DEFAULT_CHECKPOINT)
-        moved = ADAPT[args.adapt]
-        for name, q in policy.model.named_parameters():
-            q.requires_grad_(moved is None or name.startswith(moved))
-        optimiser = torch.optim.Adam([q for q in policy.model.parameters() if q.requires_grad], lr=args.lr)
+        optimiser = torch.optim.Adam(policy.model.parameters(), lr=args.lr)
         for rnd in range(state["round"], args.rounds):
             rng = random.Random(f"{args.seed}:{rnd}")
             measured = _measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng,
@@ -192,7 +186,7 @@ def _resume_state(path: Path, plan: dict, high_water: int) -> dict:
     if not path.exists():
         return {"plan": plan, "since": high_water, "round": 0, "spent_seconds": 0.0}
     state = json.loads(path.read_text())
-    if {"replay": "", "adapt": "all", **state["plan"]} != plan:  # states saved before these flags lack them
+    if {"replay": "", **state["plan"]} != plan:  # a state saved before --replay existed has no such key
         raise FinetuneError(f"{path} belongs to a run with {state['plan']}, not {plan}: finish that run with "
                             "the same flags, or give another --output")
     return state
