@@ -7,7 +7,7 @@ For each measured problem of the split, the measured configs are ranked two ways
 - `first pick rule`: the rule of `Policy.top_k` (`policy.first_pick`) applied to them, then
   the others by probability.
 top-1 is the first config's TFLOP/s over best known, best-of-8 the best of the first 8
-(geomean over problems). With `--global-picks`, `Policy.top_k`'s own 8 picks over the whole
+(geomean over problems); the rule's top-1 is also given by problem size. With `--global-picks`, `Policy.top_k`'s own 8 picks over the whole
 space are also looked up; a pick never measured is counted as missing, not scored. The
 choices of the rule (RERANK, COST_WEIGHT) were made on the val split; the test split is for
 reporting only.
@@ -29,10 +29,16 @@ from gnn_policy.snapshot import load_shipped
 from gnn_policy.space import TileConfig
 
 
+# where a policy's first pick is weak: the slices' real rows cover problems of at most 100 GFLOP
+SIZE_GROUPS = {"gflop<=100": lambda p: p.flops <= 100e9, "gflop>100": lambda p: p.flops > 100e9,
+               "m<=64": lambda p: p.m <= 64, "m>64": lambda p: p.m > 64}
+
+
 def evaluate(db: Database, policy: Policy, gpu, split: str, global_picks: bool) -> dict:
     space_ = policy.model.space
     scores: dict[str, list[float]] = {k: [] for k in ("policy_top1", "policy_best_of_8", "rule_top1", "rule_best_of_8")}
     found = {"top1_measured": 0, "picks_measured": 0, "top1": [], "best_of_8": []}
+    groups: dict[str, list[float]] = {name: [] for name in SIZE_GROUPS}
     problems = [p for p in db.problems(gpu.name) if p.model in SPLITS[split]]
     for p in problems:
         tf = db.tflops(gpu.name, p.key)
@@ -50,6 +56,9 @@ def evaluate(db: Database, policy: Policy, gpu, split: str, global_picks: bool) 
         scores["policy_top1"].append(value[0])
         scores["policy_best_of_8"].append(max(value[:8]))
         scores["rule_top1"].append(rule[0])
+        for name, holds in SIZE_GROUPS.items():
+            if holds(p):
+                groups[name].append(rule[0])
         scores["rule_best_of_8"].append(max(rule[:8]))
         if global_picks:
             picks = [tf.get(x.config.key) for x in policy.top_k(p, gpu, 8)]
@@ -59,7 +68,8 @@ def evaluate(db: Database, policy: Policy, gpu, split: str, global_picks: bool) 
                 found["top1"].append(picks[0] / best)
             if any(v is not None for v in picks):
                 found["best_of_8"].append(max(v for v in picks if v is not None) / best)
-    out = {"split": split, "problems": len(problems), **{k: round(geomean(v), 3) for k, v in scores.items()}}
+    out = {"split": split, "problems": len(problems), **{k: round(geomean(v), 3) for k, v in scores.items()},
+           "rule_top1_by_size": {k: {"problems": len(v), "top1": round(geomean(v), 3)} for k, v in groups.items() if v}}
     if global_picks:
         out["global_picks"] = {"top1_measured": found["top1_measured"], "picks_measured": found["picks_measured"],
                                "picks": 8 * len(problems), "top1_where_measured": round(geomean(found["top1"]), 3),
