@@ -8,7 +8,7 @@ import torch
 import hardware_specs
 from gnn_policy.database import Database
 from gnn_policy.model import ModelConfig, PolicyModel
-from training.transfer import TransferArgs, TransferError, check_held_out, measurements_to_reach, run
+from training.transfer import TransferArgs, TransferError, check_held_out, measurements_to_reach, run, with_folders
 
 L40S = hardware_specs.load("l40s")
 
@@ -73,6 +73,15 @@ def test_a_checkpoint_taught_by_a_simulator_fitted_on_the_target_is_refused(tmp_
     (tmp_path / "m.card.json").write_text(json.dumps({"simulator": {"fitted_on": ["H200-SXM-141GB"]}}))
     with pytest.raises(TransferError, match=r"--meta .*analytic model fitted on H200-SXM-141GB"):
         check_held_out(args, "H200-SXM-141GB")
+
+
+def test_each_target_gets_its_own_report_and_work_folders_unless_told():
+    h200, sm48 = with_folders(TransferArgs(target="h200")), with_folders(TransferArgs(target="h200-sm48"))
+    assert (h200.out, h200.work) == ("docs/data/transfer/h200", "runs/transfer/h200")
+    assert (sm48.out, sm48.work) == ("docs/data/transfer/h200-sm48", "runs/transfer/h200-sm48")
+    assert with_folders(TransferArgs(target="h200", out="elsewhere")).out == "elsewhere"
+    with pytest.raises(TransferError, match="give --target"):
+        run(TransferArgs(report_only=True))
 
 
 def test_measurements_to_reach_takes_the_first_budget_that_gets_there():

@@ -78,8 +78,10 @@ class TransferArgs:
     simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
-    work: str = flag("runs/transfer", "folder of the fine-tunes' databases, checkpoints and W&B runs")
-    out: str = flag("docs/data/transfer", "folder for transfer.csv, transfer.md and transfer.png")
+    work: str = flag("", "folder of the fine-tunes' databases, checkpoints and W&B runs (default: "
+                         "runs/transfer/<target>)")
+    out: str = flag("", "folder for transfer.csv, transfer.md, transfer.png and runs.jsonl (default: "
+                        "docs/data/transfer/<target>)")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
     time_limit: float = flag(0.0, "minutes after which no further (method, budget, seed) run starts (the first "
                                   "always does): what was measured is kept, no report is written, and a re-run "
@@ -117,7 +119,17 @@ def check_held_out(args: TransferArgs, target: str) -> None:
                             "fit it on other GPUs' data")
 
 
+def with_folders(args: TransferArgs) -> TransferArgs:
+    """--out and --work defaulted per target, so two targets' reports and fine-tunes stay apart."""
+    if not args.target and not (args.out and args.work):
+        raise TransferError("give --target (or, with --report-only, --out and --work)")
+    return dataclasses.replace(args, out=args.out or f"docs/data/transfer/{args.target}",
+                               work=args.work or f"runs/transfer/{args.target}")
+
+
 def run(args: TransferArgs) -> dict:
+    if args.report_only or args.target:
+        args = with_folders(args)
     if args.report_only:
         return report_from_csv(args)
     if not (args.target and args.plain):
