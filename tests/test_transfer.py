@@ -102,9 +102,14 @@ def test_a_time_limited_transfer_stops_between_runs_and_a_rerun_finishes(tmp_pat
     first = run(_args(tmp_path, time_limit=1.5))
     assert first["stopped_by_time_limit"] == 1 and "after 3 of 11 runs" in first["report"]
     assert not (tmp_path / "out" / "transfer.csv").exists()
+    # the three finished runs (B=0: meta, plain, scratch) are reported as partial
+    partial = (tmp_path / "out" / "transfer.partial.md").read_text()
+    assert partial.startswith("Partial: 3 of 11 runs finished") and "| meta |" in partial and "| random |" not in partial
+    assert len(list(csv.DictReader((tmp_path / "out" / "transfer.partial.csv").open()))) == 3 * 2
     monkeypatch.undo()
     second = run(_args(tmp_path))
     assert "stopped_by_time_limit" not in second and (tmp_path / "out" / "transfer.csv").exists()
+    assert not list((tmp_path / "out").glob("transfer.partial.*"))
 
 
 def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_limit(tmp_path, monkeypatch):

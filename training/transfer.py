@@ -20,7 +20,8 @@ With --simulate the analytic model gives every label and best known is its optim
 valid space (so `analytic` is the oracle there): a dry run of the protocol on the CPU.
 
 Writes transfer.csv (one row per method, budget, seed and problem), transfer.md,
-transfer.png, and one offline W&B run per (method, budget, seed): job_type `transfer`, group
+transfer.png (transfer.partial.* while --time-limit leaves runs undone), and one offline W&B
+run per (method, budget, seed): job_type `transfer`, group
 `transfer-<target>`, tags method= budget= seed=, keys transfer/top1 and transfer/top8 and a
 wandb.Table. Resumable: each finished run's picks go to runs.jsonl in --out, which a re-run with
 the same settings reuses on any machine (commit it, or carry it to a fresh GPU lease); an
@@ -41,6 +42,7 @@ from training.finetune import FinetuneArgs
 from training.transfer_log import TransferLog, fingerprint
 
 FLOOR = 0.01
+PARTIAL = "transfer.partial"  # the report of a time-limited call's finished runs, removed once all are done
 RUN_LOG = "runs.jsonl"  # in --out: finished runs' picks, what a re-run on a fresh machine reuses
 EXPORTED = "transfer:exported"  # database meta: high water of transfer's last shard export
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
@@ -84,8 +86,8 @@ class TransferArgs:
                         "docs/data/transfer/<target>)")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
     time_limit: float = flag(0.0, "minutes after which no further (method, budget, seed) run starts (the first "
-                                  "always does): what was measured is kept, no report is written, and a re-run "
-                                  "goes on from there")
+                                  "always does): what was measured is kept, the finished runs are reported in "
+                                  "transfer.partial.*, and a re-run goes on from there")
     shard_dir: str = flag("", "after each (method, budget, seed) run, write the evaluation measurements added "
                               "since the last export to a new shard here (e.g. data/measurements), so a fresh "
                               "machine can resume")
@@ -202,15 +204,21 @@ def run(args: TransferArgs) -> dict:
             if counts["runs"] and monotonic() > deadline:  # reused runs cost nothing: one new run always goes
                 break
         best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
-    if done < len(jobs):
-        return {"target": spec.name, "problems": len(problems), **counts, "stopped_by_time_limit": 1,
-                "report": f"stopped by --time-limit after {done} of {len(jobs)} runs; run again to finish "
-                          f"(finished runs are kept in {Path(args.out) / RUN_LOG}, measurements are reused), no report written"}
     for r in rows:
         values = r.pop("picks")
         r["top1"] = _fraction(values[:1], best[r["problem"]])
         r["top8"] = _fraction(values, best[r["problem"]])
-    report = write_report(rows, budgets, Path(args.out), spec.name, source)
+    out = Path(args.out)
+    if done < len(jobs):
+        partial = write_report(rows, budgets, out, spec.name, source, PARTIAL,
+                               f"Partial: {done} of {len(jobs)} runs finished (--time-limit); run again to finish.")
+        return {"target": spec.name, "problems": len(problems), **counts, "stopped_by_time_limit": 1,
+                "report": f"stopped by --time-limit after {done} of {len(jobs)} runs; run again to finish "
+                          f"(finished runs are kept in {out / RUN_LOG}, measurements are reused); "
+                          f"the finished runs' {PARTIAL}.md so far:\n{partial}"}
+    for stale in out.glob(f"{PARTIAL}.*"):
+        stale.unlink()
+    report = write_report(rows, budgets, out, spec.name, source)
     if args.wandb:
         _log_wandb(args, rows, spec.name)
     return {"target": spec.name, "problems": len(problems), **counts, "report": report}
@@ -354,18 +362,21 @@ def measurements_to_reach(table: dict, method: str, goal: float, metric: str = "
     return reached[0] if reached else None
 
 
-def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, source: str) -> str:
+def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, source: str,
+                 name: str = "transfer", note: str = "") -> str:
+    """<name>.csv, <name>.md and <name>.png in `out`; `note` heads the markdown."""
     import csv
 
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "transfer.csv").open("w", newline="") as f:
+    with (out / f"{name}.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     table = summary(rows)
     methods = list(dict.fromkeys(m for m, _ in table))
     cell = lambda m, b, k: f"{table[m, b][k]:.3f}" if (m, b) in table else "-"  # noqa: E731
-    lines = [f"Transfer to {target} ({source} labels), geomean fraction of best known over "
+    lines = [note, ""] if note else []
+    lines += [f"Transfer to {target} ({source} labels), geomean fraction of best known over "
              f"{len({r['problem'] for r in rows})} {rows[0].get('split', 'test')} problems, top-1 / top-8, by budget B:", "",
              "| method | " + " | ".join(f"B={b}" for b in budgets) + " | spec only |",
              "|---|" + "---|" * (len(budgets) + 1)]
@@ -379,8 +390,8 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
                       + (f"B={need} ({need / 64:.1f}x the measurements)" if need is not None else
                          f"no budget up to {budgets[-1]} (more than {budgets[-1] / 64:.0f}x)")]
     text = "\n".join(lines)
-    (out / "transfer.md").write_text(text + "\n")
-    _plot(table, budgets, out / "transfer.png", target, source)
+    (out / f"{name}.md").write_text(text + "\n")
+    _plot(table, budgets, out / f"{name}.png", target, source)
     return text
 
 
