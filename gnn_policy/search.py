@@ -78,7 +78,7 @@ def run_searches(searches: Sequence[tuple[GemmProblem, Search]], measure: Measur
 
 
 def valid_configs(space_: ConfigSpace, gpu: GpuSpec, problem: GemmProblem) -> list[TileConfig]:
-    points = tuple(space_)
+    points = space_.points
     return [points[i] for i in space_.problem_mask(gpu, problem).flatten().nonzero().flatten().tolist()]
 
 

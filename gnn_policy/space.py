@@ -173,8 +173,13 @@ class ConfigSpace:
     def values(self) -> dict[str, tuple[Any, ...]]:
         return dict(self.knobs)
 
+    @property
+    def points(self) -> tuple[TileConfig, ...]:
+        """Every point in grid order (the order of `mask`'s flattened entries), built once."""
+        return _points(self)
+
     def __iter__(self) -> Iterator[TileConfig]:
-        return iter(_points(self))
+        return iter(self.points)
 
     def __len__(self) -> int:
         return math.prod(len(v) for _, v in self.knobs)
@@ -238,7 +243,7 @@ def tma_fits(problem: Any) -> bool:
 
 @functools.lru_cache(maxsize=8)
 def _points(space_: ConfigSpace) -> tuple[TileConfig, ...]:
-    """Every point in grid order, built once: searches walk a 90,000-point space per problem."""
+    """Searches walk the 90,000-point space once per problem: build its points once."""
     names = [n for n, _ in space_.knobs]
     return tuple(TileConfig(**dict(zip(names, combo))) for combo in itertools.product(*(v for _, v in space_.knobs)))
 

@@ -77,9 +77,11 @@ def test_a_checkpoint_taught_by_a_simulator_fitted_on_the_target_is_refused(tmp_
 
 def test_each_target_gets_its_own_report_and_work_folders_unless_told():
     h200, sm48 = with_folders(TransferArgs(target="h200")), with_folders(TransferArgs(target="h200-sm48"))
-    assert (h200.out, h200.work) == ("docs/data/transfer/h200", "runs/transfer/h200")
-    assert (sm48.out, sm48.work) == ("docs/data/transfer/h200-sm48", "runs/transfer/h200-sm48")
+    assert (h200.out, h200.work) == ("docs/data/transfer/h200-sxm-141gb", "runs/transfer/h200-sxm-141gb")
+    assert (sm48.out, sm48.work) == ("docs/data/transfer/h200-sxm-141gb-sm48", "runs/transfer/h200-sxm-141gb-sm48")
+    assert with_folders(TransferArgs(target="H200-SXM-141GB")).out == h200.out  # any alias: one folder
     assert with_folders(TransferArgs(target="h200", out="elsewhere")).out == "elsewhere"
+    assert with_folders(TransferArgs(report_only=True, out="docs/data/transfer/x")).work == "runs/transfer/x"
     with pytest.raises(TransferError, match="give --target"):
         run(TransferArgs(report_only=True))
 
@@ -152,19 +154,32 @@ def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_
 
 
 def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_settings(tmp_path, capsys):
+    import shutil
+
+    from training.transfer_log import TransferLog
+
     first = run(_args(tmp_path))
     log = tmp_path / "out" / "runs.jsonl"
     assert first["runs"] == 11 and len(log.read_text().splitlines()) == 11
     with log.open("a") as f:
         f.write('{"settings": "cut short by a kill')
 
-    # an empty --work, as on a fresh GPU lease: nothing is fine-tuned or searched again
-    again = run(_args(tmp_path, work=str(tmp_path / "fresh")))
+    # a fresh machine: no fine-tune states in --work (the simulated evaluation database stays,
+    # as the real one is rebuilt from the shards): nothing is fine-tuned or searched again
+    for done in (tmp_path / "work").glob("*-B4-s0*"):
+        shutil.rmtree(done) if done.is_dir() else done.unlink()
+    again = run(_args(tmp_path))
     assert again["runs"] == 0 and again["report"] == first["report"]
-    assert not (tmp_path / "fresh" / "meta-B4-s0").exists()
-    assert log.read_text().endswith("\n") and len(log.read_text().splitlines()) == 11
+    assert not (tmp_path / "work" / "meta-B4-s0").exists()
+    assert "1 lines of" in capsys.readouterr().out
 
-    # other fine-tune settings: the runs are done again, beside the old ones
-    changed = run(_args(tmp_path, work=str(tmp_path / "changed"), lr=1e-2))
-    assert changed["runs"] == 11 and (tmp_path / "changed" / "meta-B4-s0").exists()
-    assert "11 finished runs in" in capsys.readouterr().out and len(log.read_text().splitlines()) == 22
+    # other fine-tune settings: only the three fine-tunes run again, beside the old lines
+    changed = run(_args(tmp_path, lr=1e-2))
+    assert changed["runs"] == 3 and (tmp_path / "work" / "meta-B4-s0").exists()
+    reread = TransferLog(log)
+    assert len(reread.runs) == 14 and reread.damaged == 1  # the cut line stays alone on its line
+
+    # a database without the measurements behind the log: the picks score as failures, and it says so
+    alone = run(_args(tmp_path, work=str(tmp_path / "empty")))
+    assert alone["runs"] == 0 and "picks have no row in" in capsys.readouterr().out
+    assert all(float(r["top1"]) == 0.01 for r in csv.DictReader((tmp_path / "out" / "transfer.csv").open()))

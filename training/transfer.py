@@ -23,9 +23,11 @@ Writes transfer.csv (one row per method, budget, seed and problem), transfer.md,
 transfer.png (transfer.partial.* while --time-limit leaves runs undone), and one offline W&B
 run per (method, budget, seed): job_type `transfer`, group
 `transfer-<target>`, tags method= budget= seed=, keys transfer/top1 and transfer/top8 and a
-wandb.Table. Resumable: each finished run's picks go to runs.jsonl in --out, which a re-run with
-the same settings reuses on any machine (commit it, or carry it to a fresh GPU lease); an
-unfinished fine-tune resumes from its state in --work; stored measurements are not taken again.
+wandb.Table. Resumable: each finished run's picks (config keys) go to runs.jsonl in --out, which
+a re-run reuses on any machine while the run's inputs are unchanged (`_settings`); the picks are
+valued from --db when the report is made, so the shards they were measured into must come
+along. An unfinished fine-tune resumes from its state in --work; stored measurements are not
+taken again.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from training.transfer_log import TransferLog, fingerprint
 
 FLOOR = 0.01
 PARTIAL = "transfer.partial"  # the report of a time-limited call's finished runs, removed once all are done
+PICKS_VERSION = 1  # raise when the code that makes picks changes (top_k's rule, searches, named lists)
 RUN_LOG = "runs.jsonl"  # in --out: finished runs' picks, what a re-run on a fresh machine reuses
 EXPORTED = "transfer:exported"  # database meta: high water of transfer's last shard export
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
@@ -122,11 +125,18 @@ def check_held_out(args: TransferArgs, target: str) -> None:
 
 
 def with_folders(args: TransferArgs) -> TransferArgs:
-    """--out and --work defaulted per target, so two targets' reports and fine-tunes stay apart."""
-    if not args.target and not (args.out and args.work):
-        raise TransferError("give --target (or, with --report-only, --out and --work)")
-    return dataclasses.replace(args, out=args.out or f"docs/data/transfer/{args.target}",
-                               work=args.work or f"runs/transfer/{args.target}")
+    """--out and --work defaulted per target (by its spec name, whatever alias named it), so two
+    targets' reports and fine-tunes stay apart."""
+    import hardware_specs
+
+    if args.target:
+        folder = hardware_specs.load(args.target).name.lower()
+    elif args.report_only and args.out:
+        folder = Path(args.out).name
+    else:
+        raise TransferError("give --target (or, with --report-only, --out)")
+    return dataclasses.replace(args, out=args.out or f"docs/data/transfer/{folder}",
+                               work=args.work or f"runs/transfer/{folder}")
 
 
 def run(args: TransferArgs) -> dict:
@@ -180,36 +190,45 @@ def run(args: TransferArgs) -> dict:
         if not problems:
             raise TransferError(f"no {args.split}-split problem is measured on {spec.name} in {args.db}: collect them first")
         measure = Measurer(db, spec, pool, compiler, counts, source=source)
-        log = TransferLog(Path(args.out) / RUN_LOG, _settings(args, spec.name, source, problems))
-        if log.ignored:
-            print(f"{log.ignored} finished runs in {log.path} have other settings: not reused")
+        log = TransferLog(Path(args.out) / RUN_LOG)
+        if log.damaged:
+            print(f"{log.damaged} lines of {log.path} do not parse: skipped")
         jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
-        done = 0
+        left, counts["runs"] = 0, 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
-            picks = log.get(method, budget, seed)
+            settings = _settings(args, method, budget, spec.name, source, problems, space_)
+            picks = log.get(settings, method, budget, seed)
             if picks is None:
+                if counts["runs"] and monotonic() > deadline:  # the first new run always goes; reused ones are free
+                    left += 1
+                    continue
                 picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
                 if exporting:  # after every run: a killed call loses at most the run in flight
                     counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
                                                        tuple(json.loads(db.meta(EXPORTED))),
                                                        f"{run_stamp()}-{method}-B{budget}-s{seed}")
                     db.set_meta(EXPORTED, json.dumps(db.high_water()))
-                log.add(method, budget, seed, picks)
+                log.add(settings, method, budget, seed, picks)
                 counts["runs"] += 1
             rows += [{"target": spec.name, "split": args.split, "source": source, "method": method, "budget": budget,
                       "seed": seed, "problem": p.key, "picks": picks[p.key]} for p in problems]
-            done += 1
-            if counts["runs"] and monotonic() > deadline:  # reused runs cost nothing: one new run always goes
-                break
+        # picks are config keys, valued now: re-timings since a run count, as they do in best known
+        known = {p.key: db.tflops(spec.name, p.key, source) for p in problems}
+        stored = {p.key: {c for _, c in db.measured(spec.name, source, problem=p.key)} for p in problems}
         best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
+    unstored = sum(k is not None and k not in stored[r["problem"]] for r in rows for k in r["picks"])
+    if unstored:
+        print(f"{unstored} picks have no row in {_evaluation_db(args)} and score as failures: load the shards "
+              f"measured with {RUN_LOG}'s runs (data/measurements)")
     for r in rows:
-        values = r.pop("picks")
+        values = [known[r["problem"]].get(k) if k else None for k in r.pop("picks")]
         r["top1"] = _fraction(values[:1], best[r["problem"]])
         r["top8"] = _fraction(values, best[r["problem"]])
     out = Path(args.out)
-    if done < len(jobs):
+    done = len(jobs) - left
+    if left:
         partial = write_report(rows, budgets, out, spec.name, source, PARTIAL,
                                f"Partial: {done} of {len(jobs)} runs finished (--time-limit); run again to finish.")
         return {"target": spec.name, "problems": len(problems), **counts, "stopped_by_time_limit": 1,
@@ -224,11 +243,21 @@ def run(args: TransferArgs) -> dict:
     return {"target": spec.name, "problems": len(problems), **counts, "report": report}
 
 
-def _settings(args: TransferArgs, target: str, source: str, problems) -> str:
-    """What a finished run's picks depend on, beyond its (method, budget, seed)."""
-    settings = {"target": target, "split": args.split, "source": source, "problems": [p.key for p in problems],
-                "tune_problems": args.tune_problems, "rounds": args.rounds, "steps": args.steps, "lr": args.lr}
-    return fingerprint(settings, [args.meta, args.plain, args.analytic])
+def _settings(args: TransferArgs, method: str, budget: int | None, target: str, source: str, problems,
+              space_) -> str:
+    """A fingerprint of what this run's picks depend on beyond (method, budget, seed): the fine-tune
+    flags only for a fine-tune, a checkpoint's or the analytic model's bytes only where used."""
+    settings = {"version": PICKS_VERSION, "target": target, "split": args.split, "source": source,
+                "problems": [p.key for p in problems], "runner": args.runner, "timeout": args.timeout,
+                "space": [space_.name, space_.knobs]}
+    files = []
+    if method in POLICIES:
+        files.append(args.meta if method == "meta" else args.plain)  # scratch: the plain one's architecture
+        if budget:
+            settings.update(tune_problems=args.tune_problems, rounds=args.rounds, steps=args.steps, lr=args.lr)
+    elif method == "analytic":
+        files.append(args.analytic)
+    return fingerprint(settings, files)
 
 
 def _evaluation_db(args: TransferArgs) -> Path:
@@ -244,7 +273,7 @@ def _evaluation_db(args: TransferArgs) -> Path:
 
 def _fraction(values: list, best: float) -> float:
     ok = [v for v in values if v is not None]
-    return round(max(FLOOR, max(ok) / best), 4) if ok else FLOOR
+    return round(max(FLOOR, min(1.0, max(ok) / best)), 4) if ok else FLOOR
 
 
 def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
@@ -257,8 +286,9 @@ def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
 
 def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
            analytic, space_) -> dict[str, list]:
-    """Problem key -> TFLOP/s of the method's picks (top-1 first; one value for a search or a list).
-    Every problem is searched at once, so each step's configs compile together."""
+    """Problem key -> config keys of the method's picks (top-1 first; a search's or a list's best
+    found alone, None if nothing worked). Every problem is searched at once, so each step's
+    configs compile together."""
     from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
@@ -282,12 +312,11 @@ def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec,
         searches.append((p, search))
     out = {}
     for (p, _), trace in zip(searches, run_searches(searches, measure)):
-        values = [v for _, v in trace]
         if method in POLICIES or method == "analytic":
-            out[p.key] = values
+            out[p.key] = [c.key for c, _ in trace]
         else:
-            found = [v for v in values if v is not None]
-            out[p.key] = [max(found)] if found else [None]
+            found = [(v, c.key) for c, v in trace if v is not None]
+            out[p.key] = [max(found)[1]] if found else [None]
     return out
 
 
@@ -386,9 +415,10 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
     if ("meta", 64) in table and any(m == "scratch" for m, _ in table):
         goal = table["meta", 64]["top1"]
         need = measurements_to_reach(table, "scratch", goal)
+        ran = max(b for m, b in table if m == "scratch" and b is not None)  # a partial report lacks the top ones
         lines += ["", f"meta at B=64 reaches top-1 {goal:.3f}; scratch reaches it at "
                       + (f"B={need} ({need / 64:.1f}x the measurements)" if need is not None else
-                         f"no budget up to {budgets[-1]} (more than {budgets[-1] / 64:.0f}x)")]
+                         f"no budget up to {ran} (more than {ran / 64:.0f}x)")]
     text = "\n".join(lines)
     (out / f"{name}.md").write_text(text + "\n")
     _plot(table, budgets, out / f"{name}.png", target, source)

@@ -2,9 +2,8 @@
 JSON-lines file beside its report, so a re-run on another machine (a fresh GPU lease, with an
 empty --work) goes on from the runs already done instead of fine-tuning them again.
 
-A run is reused only under the same settings: target, split, label source, evaluated problems,
-fine-tune settings and the bytes of the checkpoints and analytic model. Lines of other settings
-stay in the file and are ignored.
+Each line carries a fingerprint of what its picks depend on (see `transfer._settings`); a run
+is reused only under the same fingerprint. Lines of other settings stay in the file, unused.
 """
 from __future__ import annotations
 
@@ -15,39 +14,35 @@ from pathlib import Path
 
 def fingerprint(settings: dict, files: list[str | Path]) -> str:
     """A digest of the settings and of the files' contents."""
-    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
     for f in files:
         h.update(Path(f).read_bytes())
     return h.hexdigest()[:16]
 
 
 class TransferLog:
-    """Finished runs' picks (problem key -> TFLOP/s of the picks) under one fingerprint."""
+    """Finished runs' picks (problem key -> the picked config keys), by fingerprint and run."""
 
-    def __init__(self, path: str | Path, settings: str):
-        self.path, self.settings = Path(path), settings
-        self.runs: dict[tuple[str, int | None, int], dict[str, list]] = {}
-        self.ignored = 0
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.runs: dict[tuple[str, str, int | None, int], dict[str, list]] = {}
+        self.damaged = 0  # lines that do not parse: cut short by a kill, or mangled by a merge
         if self.path.exists():
-            text = self.path.read_text()
-            if not text.endswith("\n"):  # a line cut short by a kill: drop it, so appends start clean
-                text = text[:text.rfind("\n") + 1]
-                self.path.write_text(text)
-            for line in text.splitlines():
-                entry = json.loads(line)
-                if entry["settings"] != settings:
-                    self.ignored += 1
-                    continue
-                self.runs[entry["method"], entry["budget"], entry["seed"]] = entry["picks"]
+            for line in self.path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                    self.runs[entry["settings"], entry["method"], entry["budget"], entry["seed"]] = entry["picks"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    self.damaged += 1
 
-    def get(self, method: str, budget: int | None, seed: int) -> dict[str, list] | None:
-        return self.runs.get((method, budget, seed))
+    def get(self, settings: str, method: str, budget: int | None, seed: int) -> dict[str, list] | None:
+        return self.runs.get((settings, method, budget, seed))
 
-    def add(self, method: str, budget: int | None, seed: int, picks: dict[str, list]) -> None:
-        """Record a finished run; one appended line, so a kill mid-write costs at most that line."""
+    def add(self, settings: str, method: str, budget: int | None, seed: int, picks: dict[str, list]) -> None:
+        """Record a finished run: one appended line, so a kill mid-write costs at most that line."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"settings": self.settings, "method": method, "budget": budget, "seed": seed,
-                           "picks": picks})
+        line = json.dumps({"settings": settings, "method": method, "budget": budget, "seed": seed, "picks": picks})
+        cut = self.path.exists() and self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n")
         with self.path.open("a") as f:
-            f.write(line + "\n")
-        self.runs[method, budget, seed] = picks
+            f.write(("\n" if cut else "") + line + "\n")  # a line cut short stays alone, and is skipped
+        self.runs[settings, method, budget, seed] = picks
