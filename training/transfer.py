@@ -193,8 +193,10 @@ def run(args: TransferArgs) -> dict:
         log = TransferLog(Path(args.out) / RUN_LOG)
         if log.damaged:
             print(f"{log.damaged} lines of {log.path} do not parse: skipped")
-        jobs = [(m, b, s) for s in seeds for b in budgets for m in (*POLICIES, *SEARCHES) if b or m in POLICIES]
+        # the searches last: at large B they measure most, and a time-limited call should leave them undone first
+        jobs = [(m, b, s) for s in seeds for b in budgets for m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
+        jobs += [(m, b, s) for s in seeds for b in budgets if b for m in SEARCHES]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         left, counts["runs"] = 0, 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
@@ -385,6 +387,12 @@ def summary(rows: list[dict]) -> dict[tuple[str, int | None], dict[str, float]]:
     return out
 
 
+def _methods(table: dict) -> list[str]:
+    """The methods present, policies first, then searches, then spec-only baselines."""
+    present = {m for m, _ in table}
+    return [m for m in (*POLICIES, *SEARCHES, *SPEC_ONLY) if m in present]
+
+
 def measurements_to_reach(table: dict, method: str, goal: float, metric: str = "top1") -> int | None:
     """The smallest budget at which `method` reaches `goal` (None: never within the budgets run)."""
     reached = sorted(b for (m, b), v in table.items() if m == method and b is not None and v[metric] >= goal)
@@ -402,7 +410,7 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
         w.writeheader()
         w.writerows(rows)
     table = summary(rows)
-    methods = list(dict.fromkeys(m for m, _ in table))
+    methods = _methods(table)
     cell = lambda m, b, k: f"{table[m, b][k]:.3f}" if (m, b) in table else "-"  # noqa: E731
     lines = [note, ""] if note else []
     lines += [f"Transfer to {target} ({source} labels), geomean fraction of best known over "
@@ -433,7 +441,7 @@ def _plot(table: dict, budgets: list[int], path: Path, target: str, source: str)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, metric in zip(axes, ("top1", "top8")):
-        for i, method in enumerate(dict.fromkeys(m for m, _ in table)):
+        for i, method in enumerate(_methods(table)):
             points = [(b, table[method, b][metric]) for b in budgets if (method, b) in table]
             color = f"C{i}"
             if (method, None) in table:
