@@ -40,10 +40,11 @@ RERANK = 16  # the first pick comes from this many most probable configs ...
 COST_WEIGHT = 10.0  # ... scored by log probability + COST_WEIGHT x predicted log TFLOP/s
 
 
-def first_pick(log_probs: Sequence[float], log_tflops: Sequence[float]) -> int:
+def first_pick(log_probs: Sequence[float], log_tflops: Sequence[float], rerank: int = RERANK,
+               cost_weight: float = COST_WEIGHT) -> int:
     """Index of the first pick among candidates listed most probable first: the best of the
-    first `RERANK` by log probability + `COST_WEIGHT` x predicted log TFLOP/s."""
-    return max(range(min(RERANK, len(log_probs))), key=lambda i: log_probs[i] + COST_WEIGHT * log_tflops[i])
+    first `rerank` by log probability + `cost_weight` x predicted log TFLOP/s."""
+    return max(range(min(rerank, len(log_probs))), key=lambda i: log_probs[i] + cost_weight * log_tflops[i])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,7 +69,7 @@ def test_offline_picks_of_the_shipped_policy_are_fractions_of_best_known(tmp_pat
 
     with Database(tmp_path / "m.sqlite") as db:
         load_shipped(db, SHARDS)
-        out = evaluate(db, Policy.load(), H200, "test", global_picks=True)
+        out = evaluate(db, Policy.load(), H200, "test", global_picks=True, sweep_rule=True)
         measured = sum(p.model in SPLITS["test"] for p in db.problems(H200.name))
     assert out["problems"] == measured >= 40 and out["global_picks"]["picks"] == 8 * measured
     for top1, best8 in (("policy_top1", "policy_best_of_8"), ("rule_top1", "rule_best_of_8")):
@@ -78,3 +78,5 @@ def test_offline_picks_of_the_shipped_policy_are_fractions_of_best_known(tmp_pat
     assert by_size["gflop<=100"]["problems"] + by_size["gflop>100"]["problems"] == measured
     assert by_size["m<=64"]["problems"] + by_size["m>64"]["problems"] == measured
     assert all(0 < g["top1"] <= 1 for g in by_size.values())
+    assert out["rule_sweep_top1"]["rerank=16"]["cost_weight=10"] == out["rule_top1"]  # the shipped rule's cell
+    assert len({v for row in out["rule_sweep_top1"].values() for v in row.values()}) > 1
