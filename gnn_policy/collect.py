@@ -50,19 +50,23 @@ class CollectArgs:
     shard_dir: str = flag("", "write the rows this run adds to a new shard here (e.g. data/measurements)")
     max_gflop: float = flag(0.0, "only problems of at most this many GFLOP (0: any); on an SM slice a large "
                                  "problem costs seconds per config")
+    min_gflop: float = flag(0.0, "only problems of more than this many GFLOP (0: any): the large problems a "
+                                 "slice collected with --max-gflop lacks")
 
 
 def select_problems(name: str, count: int, seed: int, max_gflop: float = 0.0,
-                    where: Callable[[GemmProblem], bool] | None = None) -> list[GemmProblem]:
+                    where: Callable[[GemmProblem], bool] | None = None, min_gflop: float = 0.0) -> list[GemmProblem]:
     """`count` problems of a split, round-robin over its families (all when count is 0), of at
-    most `max_gflop` GFLOP each when that is set, and only those `where` accepts when given.
+    most `max_gflop` and more than `min_gflop` GFLOP each when those are set, and only those
+    `where` accepts when given.
 
     A split's selection is the `all` selection's order restricted to the split, so the first
     problems of a split that `collect --split all` measured are the ones a later
     `--split test --problems N` (a dense sweep, a bench, a transfer run) selects.
     """
     def eligible(p: GemmProblem) -> bool:
-        return (not max_gflop or p.flops <= max_gflop * 1e9) and (where is None or where(p))
+        return ((not max_gflop or p.flops <= max_gflop * 1e9) and p.flops > min_gflop * 1e9
+                and (where is None or where(p)))
 
     pool = [p for s in (SPLITS if name == "all" else [name]) for p in split(s) if eligible(p)]
     if not count or count >= len(pool):
@@ -167,7 +171,7 @@ def run(args: CollectArgs) -> dict:
     from gnn_policy.snapshot import export_run, load_shipped
 
     gpu = hardware_specs.resolve(args.gpu)
-    problems = select_problems(args.split, args.problems, args.seed, args.max_gflop)
+    problems = select_problems(args.split, args.problems, args.seed, args.max_gflop, min_gflop=args.min_gflop)
     counts: dict = defaultdict(int)
     start = time.monotonic()
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")

@@ -27,6 +27,9 @@ def test_a_split_selection_is_the_all_selection_restricted_to_it():
     small = select_problems("train", 20, seed=3, max_gflop=10)
     assert len(small) == 20 and max(p.flops for p in small) <= 10e9
     assert small == [p for p in select_problems("train", 200, seed=3) if p.flops <= 10e9][:20]
+    large = select_problems("train", 20, seed=3, min_gflop=100)
+    assert len(large) == 20 and min(p.flops for p in large) > 100e9
+    assert large == [p for p in select_problems("train", 400, seed=3) if p.flops > 100e9][:20]
 
 
 def test_stratified_sample_covers_variants_and_split_k():
