@@ -303,6 +303,7 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
 
     while True:
         progress, jobs = False, []
+        failed = db.failed_configs(spec.name, measure.source)  # a problem's failures change only when it is measured
         for i, p in enumerate(problems):
             if timed:
                 n = 2 if time.monotonic() - round_start < seconds else 0
@@ -311,7 +312,7 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
             if n <= 0:
                 continue
             known = db.tflops(spec.name, p.key, measure.source)
-            known.update({k: None for k in db.failed_configs(spec.name, measure.source).get(p.key, ())})
+            known.update({k: None for k in failed.get(p.key, ())})
             offered = measure.pool.offers(p) if hasattr(measure.pool, "offers") else None
             jobs.append((p, _candidates(policy, p, spec, {**known, **out.get(p.key, {})}, n, rng, offered)))
             if timed:  # a time budget is checked before every problem's batch

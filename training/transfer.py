@@ -41,7 +41,7 @@ from time import monotonic
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
 from training.finetune import FinetuneArgs
-from training.transfer_log import TransferLog, fingerprint
+from training.transfer_log import TransferLog, file_digest, fingerprint
 
 FLOOR = 0.01
 PARTIAL = "transfer.partial"  # the report of a time-limited call's finished runs, removed once all are done
@@ -199,8 +199,9 @@ def run(args: TransferArgs) -> dict:
         jobs += [(m, b, s) for s in seeds for b in budgets if b for m in SEARCHES]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         left, counts["runs"] = 0, 0
+        digests = {name: file_digest(getattr(args, name)) for name in ("meta", "plain", "analytic")}
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
-            settings = _settings(args, method, budget, spec.name, source, problems, space_)
+            settings = _settings(args, method, budget, spec.name, source, problems, space_, digests)
             picks = log.get(settings, method, budget, seed)
             if picks is None:
                 if counts["runs"] and monotonic() > deadline:  # the first new run always goes; reused ones are free
@@ -246,20 +247,19 @@ def run(args: TransferArgs) -> dict:
 
 
 def _settings(args: TransferArgs, method: str, budget: int | None, target: str, source: str, problems,
-              space_) -> str:
+              space_, digests: dict[str, str]) -> str:
     """A fingerprint of what this run's picks depend on beyond (method, budget, seed): the fine-tune
     flags only for a fine-tune, a checkpoint's or the analytic model's bytes only where used."""
     settings = {"version": PICKS_VERSION, "target": target, "split": args.split, "source": source,
                 "problems": [p.key for p in problems], "runner": args.runner, "timeout": args.timeout,
                 "space": [space_.name, space_.knobs]}
-    files = []
     if method in POLICIES:
-        files.append(args.meta if method == "meta" else args.plain)  # scratch: the plain one's architecture
+        settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch: plain's architecture
         if budget:
             settings.update(tune_problems=args.tune_problems, rounds=args.rounds, steps=args.steps, lr=args.lr)
     elif method == "analytic":
-        files.append(args.analytic)
-    return fingerprint(settings, files)
+        settings["analytic"] = digests["analytic"]
+    return fingerprint(settings)
 
 
 def _evaluation_db(args: TransferArgs) -> Path:

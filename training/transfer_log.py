@@ -12,12 +12,14 @@ import json
 from pathlib import Path
 
 
-def fingerprint(settings: dict, files: list[str | Path]) -> str:
-    """A digest of the settings and of the files' contents."""
-    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
-    for f in files:
-        h.update(Path(f).read_bytes())
-    return h.hexdigest()[:16]
+def fingerprint(settings: dict) -> str:
+    """A digest of the settings (JSON-serialisable)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_digest(path: str | Path) -> str:
+    """A digest of a file's contents: a checkpoint or model a run's picks depend on."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 class TransferLog:
