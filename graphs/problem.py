@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 LAYOUTS = ("row", "col")
 EPILOGUE_ACTIVATIONS = (None, "relu", "gelu", "silu")
@@ -48,6 +49,21 @@ class GemmProblem:
         epi = "".join(["b" if self.bias else "", self.activation or "", "r" if self.residual else ""])
         return (f"{self.batch}x{self.m}x{self.n}x{self.k}_{self.dtype}_{self.a_layout[0]}"
                 f"{self.b_layout[0]}" + (f"_{epi}" if epi else ""))
+
+    @classmethod
+    def from_key(cls, key: str) -> GemmProblem:
+        """The computation a `key` names (model and layer are not in a key, so they stay empty)."""
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)x(\d+)_([a-z0-9]+)_([rc])([rc])(?:_(b?)(relu|gelu|silu)?(r?))?", key)
+        if not m:
+            raise ValueError(f"not a GemmProblem key: {key!r} (expected e.g. 1x16x4096x4096_bf16_rr_bgelu)")
+        batch, m_, n, k = (int(x) for x in m.group(1, 2, 3, 4))
+        layout = {"r": "row", "c": "col"}
+        problem = cls(m=m_, n=n, k=k, batch=batch, dtype=m.group(5), a_layout=layout[m.group(6)],
+                      b_layout=layout[m.group(7)], bias=m.group(8) == "b", activation=m.group(9),
+                      residual=m.group(10) == "r")
+        if problem.key != key:  # e.g. an empty epilogue suffix: one computation has one key
+            raise ValueError(f"not a GemmProblem key: {key!r} (this computation's key is {problem.key!r})")
+        return problem
 
     @property
     def flops(self) -> int:

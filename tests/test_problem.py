@@ -14,6 +14,22 @@ def test_key_and_flops():
     assert p.bytes_min() == 2 * (16 * 4096 + 4096 * 4096 + 16 * 4096 + 4096)
 
 
+def test_from_key_inverts_key_over_the_whole_suite():
+    from graphs.suite import suite
+
+    problems = [p for ps in suite().values() for p in ps]
+    assert {p.key for p in problems} == {GemmProblem.from_key(p.key).key for p in problems}
+    p = GemmProblem(5, 7, 9, batch=3, dtype="fp16", a_layout="col", bias=True, activation="relu", residual=True)
+    assert GemmProblem.from_key(p.key) == p
+
+
+@pytest.mark.parametrize("key", ["1x4x4_bf16_rr", "1x4x4x4_bf16_rr_", "1x4x4x4_bf16_rx", "1x4x4x4_bf16_rr_tanh",
+                                 "1x4x4x4_fp8_rr"])
+def test_from_key_refuses_what_no_problem_is_named(key):
+    with pytest.raises(ValueError):
+        GemmProblem.from_key(key)
+
+
 @pytest.mark.parametrize("bad", [dict(m=0), dict(m=True), dict(dtype="fp8"), dict(a_layout="diag"),
                                  dict(activation="tanh")])
 def test_validation(bad):

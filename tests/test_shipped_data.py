@@ -75,8 +75,8 @@ def test_offline_picks_of_the_shipped_policy_are_fractions_of_best_known(tmp_pat
     for top1, best8 in (("policy_top1", "policy_best_of_8"), ("rule_top1", "rule_best_of_8")):
         assert 0 < out[top1] <= out[best8] <= 1
     by_size = out["rule_top1_by_size"]  # two partitions of the same problems
-    assert by_size["gflop<=100"]["problems"] + by_size["gflop>100"]["problems"] == measured
-    assert by_size["m<=64"]["problems"] + by_size["m>64"]["problems"] == measured
+    assert by_size["GFLOP <= 100"]["problems"] + by_size["GFLOP > 100"]["problems"] == measured
+    assert by_size["M <= 64"]["problems"] + by_size["M > 64"]["problems"] == measured
     assert all(0 < g["top1"] <= 1 for g in by_size.values())
     assert out["rule_sweep_top1"]["rerank=16"]["cost_weight=10"] == out["rule_top1"]  # the shipped rule's cell
     assert len({v for row in out["rule_sweep_top1"].values() for v in row.values()}) > 1

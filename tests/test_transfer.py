@@ -45,7 +45,13 @@ def test_a_simulated_transfer_reports_every_method_at_every_budget(tmp_path):
     with Database(tmp_path / "work" / "meta-B4-s0.sqlite") as db:
         assert db.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 4
     assert (tmp_path / "out" / "transfer.png").stat().st_size > 0
-    assert "| meta |" in (tmp_path / "out" / "transfer.md").read_text()
+    md = (tmp_path / "out" / "transfer.md").read_text()
+    assert "| meta |" in md
+    # by size: each partition covers both problems, one row per method and budget run
+    header = next(line for line in md.splitlines() if line.startswith("| method | B |"))
+    counts = [int(c.split("(")[1].rstrip(")")) for c in header.strip("| ").split(" | ")[2:]]
+    assert counts[0] + counts[1] == counts[2] + counts[3] == 2
+    assert sum(line.startswith("| meta | ") for line in md.splitlines()) == 1 + 2  # B table, then B=0 and 4
 
     # the report and W&B runs rebuilt from the CSV alone (a GPU machine without wandb wrote it)
     (tmp_path / "out" / "transfer.md").unlink()

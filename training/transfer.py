@@ -427,10 +427,39 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
         lines += ["", f"meta at B=64 reaches top-1 {goal:.3f}; scratch reaches it at "
                       + (f"B={need} ({need / 64:.1f}x the measurements)" if need is not None else
                          f"no budget up to {ran} (more than {ran / 64:.0f}x)")]
+    lines += ["", *_by_size(rows, table)]
     text = "\n".join(lines)
     (out / f"{name}.md").write_text(text + "\n")
     _plot(table, budgets, out / f"{name}.png", target, source)
     return text
+
+
+def _by_size(rows: list[dict], table: dict) -> list[str]:
+    """Top-1 by problem size at each method's smallest, B = 64 and largest budget, and what
+    each method spends: the held-out policies miss most on large problems, and the searches
+    spend their B on every problem."""
+    from gnn_policy.benchmarks.data_report import SIZE_GROUPS
+    from graphs import GemmProblem
+
+    problems = {k: GemmProblem.from_key(k) for k in dict.fromkeys(r["problem"] for r in rows)}
+    groups = {g: {k for k, p in problems.items() if holds(p)} for g, holds in SIZE_GROUPS.items()}
+    lines = ["Top-1 by problem size (geomean; problems in brackets):", "",
+             "| method | B | " + " | ".join(f"{g} ({len(ks)})" for g, ks in groups.items()) + " |",
+             "|---|---|" + "---|" * len(groups)]
+    methods = _methods(table)
+    for m in methods:
+        spent = sorted(b for k, b in table if k == m and b is not None)
+        for b in dict.fromkeys([spent[0], *(b for b in spent if b == 64), spent[-1]] if spent else [None]):
+            cells = []
+            for ks in groups.values():
+                sel = [r for r in rows if (r["method"], r["budget"]) == (m, b) and r["problem"] in ks]
+                cells.append(f"{summary(sel)[m, b]['top1']:.3f}" if sel else "-")
+            lines.append(f"| {m} | {'spec only' if b is None else b} | " + " | ".join(cells) + " |")
+    n = len(problems)
+    spend = [f"{', '.join(m for m in POLICIES if m in methods)} spend B in all",
+             f"{', '.join(m for m in SEARCHES if m in methods)} spend B on each of the {n} problems ({n} x B in all)",
+             "a policy's top-8 costs 8 measurements a problem, triton_tutorial's and inductor_mm's lists 16 and 20"]
+    return lines + ["", "Measurements on the target: " + "; ".join(spend) + "."]
 
 
 def _plot(table: dict, budgets: list[int], path: Path, target: str, source: str) -> None:

@@ -38,6 +38,11 @@ def problem_class(p: GemmProblem) -> str:
     return CLASSES[3]
 
 
+# where the held-out policies' first pick is weak: the slices' real rows cover problems of at most 100 GFLOP
+SIZE_GROUPS = {"GFLOP <= 100": lambda p: p.flops <= 100e9, "GFLOP > 100": lambda p: p.flops > 100e9,
+               "M <= 64": lambda p: p.m <= 64, "M > 64": lambda p: p.m > 64}
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
 

@@ -22,17 +22,12 @@ import torch
 
 import hardware_specs
 from graphs.suite import SPLITS
-from gnn_policy.benchmarks.data_report import geomean
+from gnn_policy.benchmarks.data_report import SIZE_GROUPS, geomean
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy, first_pick
 from gnn_policy.snapshot import load_shipped
 from gnn_policy.space import TileConfig
-
-
-# where a policy's first pick is weak: the slices' real rows cover problems of at most 100 GFLOP
-SIZE_GROUPS = {"gflop<=100": lambda p: p.flops <= 100e9, "gflop>100": lambda p: p.flops > 100e9,
-               "m<=64": lambda p: p.m <= 64, "m>64": lambda p: p.m > 64}
 
 
 RULE_GRID = ((4, 8, 16, 32, 64), (0.0, 1.0, 3.0, 10.0, 30.0, 100.0))  # RERANK x COST_WEIGHT for --sweep-rule
