@@ -42,7 +42,7 @@ def test_a_simulated_transfer_reports_every_method_at_every_budget(tmp_path):
     # the simulated evaluation has a database of its own, never --db
     assert not (tmp_path / "eval.sqlite").exists() and list((tmp_path / "work").glob("simulated-*.sqlite"))
     # each fine-tune learns from its own B measurements alone, in its own database
-    with Database(tmp_path / "work" / "meta-B4-s0.sqlite") as db:
+    with Database(next((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) as db:
         assert db.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 4
     assert (tmp_path / "out" / "transfer.png").stat().st_size > 0
     md = (tmp_path / "out" / "transfer.md").read_text()
@@ -159,7 +159,7 @@ def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_
     assert first["shard_rows"] + done["shard_rows"] == after - before  # every evaluation row is in one shard
 
 
-def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_settings(tmp_path, capsys):
+def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_settings(tmp_path, capsys, monkeypatch):
     import shutil
 
     from training.transfer_log import TransferLog
@@ -176,14 +176,19 @@ def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_setting
         shutil.rmtree(done) if done.is_dir() else done.unlink()
     again = run(_args(tmp_path))
     assert again["runs"] == 0 and again["report"] == first["report"]
-    assert not (tmp_path / "work" / "meta-B4-s0").exists()
+    assert not list((tmp_path / "work").glob("meta-B4-s0-*"))
     assert "1 lines of" in capsys.readouterr().out
 
     # other fine-tune settings: only the three fine-tunes run again, beside the old lines
     changed = run(_args(tmp_path, lr=1e-2))
-    assert changed["runs"] == 3 and (tmp_path / "work" / "meta-B4-s0").exists()
+    assert changed["runs"] == 3 and len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 1
     reread = TransferLog(log)
     assert len(reread.runs) == 14 and reread.damaged == 1  # the cut line stays alone on its line
+
+    # the fine-tune's losses changed: again only the fine-tunes run
+    monkeypatch.setattr("training.transfer.ADAPT_VERSION", 99)
+    assert run(_args(tmp_path))["runs"] == 3
+    assert len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 2  # beside lr=1e-2's, not over it
 
     # a database without the measurements behind the log: the picks score as failures, and it says so
     alone = run(_args(tmp_path, work=str(tmp_path / "empty")))

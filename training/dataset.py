@@ -50,25 +50,29 @@ def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
         failed_by_problem = db.failed_configs(gpu)
         spec = hardware_specs.load(gpu)
         for p in db.problems(gpu):
-            if families is not None and p.model not in families:
-                continue
-            figs = db.tflops(gpu, p.key)
-            allowed = space.problem_mask(spec, p)
-            keys = [k for k in figs if k != CUBLAS and TileConfig.from_key(k) in space]
-            ruled_out = [k for k in keys if not allowed[space.index(TileConfig.from_key(k))]]
-            if ruled_out:  # measured correct, yet invalid by today's rules: the policy cannot give them mass
-                warnings.warn(f"{gpu}/{p.key}: {len(ruled_out)} measured configs break the space's rules; left out")
-                keys = [k for k in keys if k not in ruled_out]
-            if not keys:
-                continue
-            failed = [k for k in failed_by_problem.get(p.key, ()) if TileConfig.from_key(k) in space]
-            out.append(Sample(
-                problem=p, gpu=gpu, graph=problem_graph(p),
-                configs=torch.tensor([space.index(TileConfig.from_key(k)) for k in keys]),
-                log_tflops=torch.tensor([math.log(figs[k]) for k in keys]),
-                failed=torch.tensor([space.index(TileConfig.from_key(k)) for k in failed],
-                                    dtype=torch.long).reshape(-1, len(space.shape))))
+            if families is None or p.model in families:
+                sample = measured_sample(p, spec, db.tflops(gpu, p.key), failed_by_problem.get(p.key, ()), space)
+                out += [sample] if sample else []
     return out
+
+
+def measured_sample(p: GemmProblem, spec: hardware_specs.GpuSpec, figs: dict[str, float], failed: Sequence[str],
+                    space: ConfigSpace) -> Sample | None:
+    """One problem's sample from its TFLOP/s by config key and its failed config keys (None: nothing usable)."""
+    allowed = space.problem_mask(spec, p)
+    keys = [k for k in figs if k != CUBLAS and TileConfig.from_key(k) in space]
+    ruled_out = [k for k in keys if not allowed[space.index(TileConfig.from_key(k))]]
+    if ruled_out:  # measured correct, yet invalid by today's rules: the policy cannot give them mass
+        warnings.warn(f"{spec.name}/{p.key}: {len(ruled_out)} measured configs break the space's rules; left out")
+        keys = [k for k in keys if k not in ruled_out]
+    if not keys:
+        return None
+    failed = [k for k in failed if TileConfig.from_key(k) in space]
+    return Sample(problem=p, gpu=spec.name, graph=problem_graph(p),
+                  configs=torch.tensor([space.index(TileConfig.from_key(k)) for k in keys]),
+                  log_tflops=torch.tensor([math.log(figs[k]) for k in keys]),
+                  failed=torch.tensor([space.index(TileConfig.from_key(k)) for k in failed],
+                                      dtype=torch.long).reshape(-1, len(space.shape)))
 
 
 def demonstration_samples(demos: Sequence[Demonstration], space: ConfigSpace,

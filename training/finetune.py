@@ -7,7 +7,9 @@ analytic model under `--simulate`. Every measurement goes to the database. After
 round, the policy takes gradient steps on two losses:
 - REINFORCE with a per-problem mean baseline on this round's measurements. The reward is
   log(TFLOP/s / best found), floored at log 0.1; a failed config scores log 0.05.
-- The listwise supervised loss on everything measured so far on this GPU.
+- The pretraining objective (`training.objective`: listwise, failures, the cost head's
+  ranking and regression) on everything measured so far on this GPU, as in Reptile's inner
+  loop, so the cost head that screens candidates and ranks the first pick adapts too.
 The card records the gradient norm of each loss, which says which of the two carries the
 adaptation. The budget is never overspent: a count budget is exact, and a time budget
 stops before the next batch once it is used. A state file makes the run resumable.
@@ -27,6 +29,7 @@ from pathlib import Path
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
 
+ADAPT_VERSION = 2  # raise when what `_adapt` minimises changes: transfer then re-runs its fine-tunes (2: the objective)
 FAILED_REWARD = math.log(0.05)  # below every correct config's reward, which is clipped at log 0.1
 FLOOR_REWARD = math.log(0.1)
 
@@ -325,41 +328,42 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
 
 
 def _adapt(policy, problems, spec, db, source: str, measured: dict, optimiser, steps: int, norms: dict) -> None:
-    """REINFORCE on this round's measurements plus the listwise loss on all of this GPU's."""
+    """REINFORCE on this round's measurements plus the pretraining objective (`training.objective`:
+    listwise, failures, the cost head) on all of this GPU's, as Reptile's inner loop adapts."""
     import torch
 
     from gnn_policy.space import TileConfig
-    from training.dataset import listwise_target
-    from training.losses import listwise_loss
+    from training.dataset import collate, measured_sample
+    from training.objective import LossWeights, objective
 
     model, space_ = policy.model, policy.model.space
-    batches = []
+    failed = db.failed_configs(spec.name, source)
+    samples, reinforce = [], []
     for p in problems:
         figs = {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != "cublas"}
-        if not figs:
+        sample = measured_sample(p, spec, figs, failed.get(p.key, ()), space_) if figs else None
+        if sample is None:
             continue
+        samples.append(sample)
         best = max(figs.values())
         new = measured.get(p.key, {})
-        rewards = [max(FLOOR_REWARD, math.log(v / best)) if v else FAILED_REWARD for v in new.values()]
-        batches.append((p, [space_.index(TileConfig.from_key(k)) for k in new], rewards,
-                        [space_.index(TileConfig.from_key(k)) for k in figs], [math.log(v) for v in figs.values()]))
+        if len(new) > 1:
+            rewards = [max(FLOOR_REWARD, math.log(v / best)) if v else FAILED_REWARD for v in new.values()]
+            reinforce.append((p, [space_.index(TileConfig.from_key(k)) for k in new], rewards))
+    batch = collate(samples, space_, policy.vocab) if samples else None
     model.train()
-    for _ in range(steps if batches else 0):
-        pg_total, sl_total = 0.0, 0.0
-        for p, new_idx, rewards, all_idx, log_tf in batches:
+    for _ in range(steps if samples else 0):
+        pg_total = torch.zeros(())
+        for p, new_idx, rewards in reinforce:
             h, mask = policy.encode(p, spec)
-            pg = torch.zeros(())
-            if len(new_idx) > 1:
-                r = torch.tensor(rewards)
-                logp = model.log_prob(h, torch.tensor(new_idx)[None], mask)[0]
-                pg = -((r - r.mean()) * logp).mean()
-            lt = torch.tensor(log_tf)[None]
-            valid = torch.ones_like(lt, dtype=torch.bool)
-            sl = listwise_loss(model.log_prob(h, torch.tensor(all_idx)[None], mask), listwise_target(lt, valid, 0.1), valid)
-            pg_total, sl_total = pg_total + pg, sl_total + sl
+            r = torch.tensor(rewards)
+            logp = model.log_prob(h, torch.tensor(new_idx)[None], mask)[0]
+            pg_total = pg_total + -((r - r.mean()) * logp).mean()
+        # summed over problems like the REINFORCE term, so the two keep their balance at any problem count
+        sl_total = objective(model, batch, None, LossWeights())[0] * len(samples)
         optimiser.zero_grad()
         for name, loss in (("reinforce", pg_total), ("supervised", sl_total)):
-            if torch.is_tensor(loss) and loss.requires_grad:
+            if loss.requires_grad:
                 grads = torch.autograd.grad(loss, [q for q in model.parameters() if q.requires_grad],
                                             retain_graph=True, allow_unused=True)
                 norms[name].append(float(torch.sqrt(sum((g ** 2).sum() for g in grads if g is not None))))

@@ -40,7 +40,7 @@ from time import monotonic
 
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
-from training.finetune import FinetuneArgs
+from training.finetune import ADAPT_VERSION, FinetuneArgs
 from training.transfer_log import TransferLog, file_digest, fingerprint
 
 FLOOR = 0.01
@@ -207,7 +207,7 @@ def run(args: TransferArgs) -> dict:
                 if counts["runs"] and monotonic() > deadline:  # the first new run always goes; reused ones are free
                     left += 1
                     continue
-                picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_)
+                picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_, settings)
                 if exporting:  # after every run: a killed call loses at most the run in flight
                     counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
                                                        tuple(json.loads(db.meta(EXPORTED))),
@@ -256,7 +256,8 @@ def _settings(args: TransferArgs, method: str, budget: int | None, target: str, 
     if method in POLICIES:
         settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch: plain's architecture
         if budget:
-            settings.update(tune_problems=args.tune_problems, rounds=args.rounds, steps=args.steps, lr=args.lr)
+            settings.update(tune_problems=args.tune_problems, rounds=args.rounds, steps=args.steps, lr=args.lr,
+                            adapt=ADAPT_VERSION)
     elif method == "analytic":
         settings["analytic"] = digests["analytic"]
     return fingerprint(settings)
@@ -287,14 +288,14 @@ def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
 
 
 def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
-           analytic, space_) -> dict[str, list]:
+           analytic, space_, settings: str) -> dict[str, list]:
     """Problem key -> config keys of the method's picks (top-1 first; a search's or a list's best
     found alone, None if nothing worked). Every problem is searched at once, so each step's
     configs compile together."""
     from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
-    policy = _adapted(args, method, budget, seed, spec) if method in POLICIES else None
+    policy = _adapted(args, method, budget, seed, spec, settings) if method in POLICIES else None
     searches = []
     for p in problems:
         rng = random.Random(f"{seed}:{method}:{p.key}")
@@ -322,8 +323,10 @@ def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec,
     return out
 
 
-def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec):
-    """The method's policy after fine-tuning on `budget` measurements of the target."""
+def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, settings: str):
+    """The method's policy after fine-tuning on `budget` measurements of the target. Its folder
+    in --work is named by the run's `settings` too: an unfinished fine-tune resumes under the
+    same ones, and new flags, a new checkpoint or a new ADAPT_VERSION start afresh."""
     from gnn_policy.policy import Policy
     from training.finetune import run as finetune
 
@@ -332,7 +335,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec):
         Path(args.meta if method == "meta" else args.plain)
     if budget == 0:
         return Policy.load(start)
-    name = f"{method}-B{budget}-s{seed}"
+    name = f"{method}-B{budget}-s{seed}-{settings[:8]}"
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
         output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
