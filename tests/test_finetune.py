@@ -132,6 +132,10 @@ def test_a_resume_with_other_settings_is_refused(tmp_path, ckpt, monkeypatch):
     run(_args(tmp_path, ckpt, budget="6"))
     with pytest.raises(FinetuneError, match="belongs to a run with"):
         run(_args(tmp_path, ckpt, budget="8"))
+    # a run killed under other losses is not finished under these
+    monkeypatch.setattr(finetune, "ADAPT_VERSION", finetune.ADAPT_VERSION + 1)
+    with pytest.raises(FinetuneError, match="belongs to a run with"):
+        run(_args(tmp_path, ckpt, budget="6"))
 
 
 def test_a_time_budget_keeps_measuring_until_its_time_is_used(tmp_path, ckpt):

@@ -113,6 +113,8 @@ def test_a_time_limited_transfer_stops_between_runs_and_a_rerun_finishes(tmp_pat
     # the three finished runs (B=0: meta, plain, scratch) are reported as partial
     partial = (tmp_path / "out" / "transfer.partial.md").read_text()
     assert partial.startswith("Partial: 3 of 11 runs finished") and "| meta |" in partial and "| random |" not in partial
+    # what the methods spend names only those that ran
+    assert "Measurements on the target: meta, plain, scratch spend B in all; their top-8 costs 8 a problem." in partial
     assert len(list(csv.DictReader((tmp_path / "out" / "transfer.partial.csv").open()))) == 3 * 2
     monkeypatch.undo()
     second = run(_args(tmp_path))
@@ -189,6 +191,10 @@ def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_setting
     monkeypatch.setattr("training.transfer.ADAPT_VERSION", 99)
     assert run(_args(tmp_path))["runs"] == 3
     assert len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 2  # beside lr=1e-2's, not over it
+
+    # another evaluation (one problem): every run is valued again, each finished fine-tune reused
+    other = run(_args(tmp_path, problems=1))
+    assert other["runs"] == 11 and len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 2
 
     # a database without the measurements behind the log: the picks score as failures, and it says so
     alone = run(_args(tmp_path, work=str(tmp_path / "empty")))

@@ -128,7 +128,7 @@ def run(args: FinetuneArgs) -> dict:
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
-                                          "lr", "snapshot", "analytic", "replay")}
+                                          "lr", "snapshot", "analytic", "replay")} | {"adapt": ADAPT_VERSION}
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
@@ -189,7 +189,8 @@ def _resume_state(path: Path, plan: dict, high_water: int) -> dict:
     if not path.exists():
         return {"plan": plan, "since": high_water, "round": 0, "spent_seconds": 0.0}
     state = json.loads(path.read_text())
-    if {"replay": "", **state["plan"]} != plan:  # a state saved before --replay existed has no such key
+    # a state saved before --replay or ADAPT_VERSION existed lacks their keys
+    if {"replay": "", "adapt": 1, **state["plan"]} != plan:
         raise FinetuneError(f"{path} belongs to a run with {state['plan']}, not {plan}: finish that run with "
                             "the same flags, or give another --output")
     return state

@@ -52,6 +52,7 @@ CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 POLICIES = ("meta", "plain", "scratch")
 SEARCHES = ("random", "evolutionary")
 SPEC_ONLY = ("analytic", "triton_tutorial", "inductor_mm")
+LISTS = SPEC_ONLY[1:]  # the named config lists, timed in full
 
 
 class TransferError(RuntimeError):
@@ -207,7 +208,9 @@ def run(args: TransferArgs) -> dict:
                 if counts["runs"] and monotonic() > deadline:  # the first new run always goes; reused ones are free
                     left += 1
                     continue
-                picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_, settings)
+                tune = fingerprint(_finetune_settings(args, method, spec.name, source, space_, digests)) \
+                    if method in POLICIES and budget else ""
+                picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_, tune)
                 if exporting:  # after every run: a killed call loses at most the run in flight
                     counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
                                                        tuple(json.loads(db.meta(EXPORTED))),
@@ -256,11 +259,23 @@ def _settings(args: TransferArgs, method: str, budget: int | None, target: str, 
     if method in POLICIES:
         settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch: plain's architecture
         if budget:
-            settings.update(tune_problems=args.tune_problems, rounds=args.rounds, steps=args.steps, lr=args.lr,
-                            adapt=ADAPT_VERSION)
+            settings.update(_finetune_settings(args, method, target, source, space_, digests))
     elif method == "analytic":
         settings["analytic"] = digests["analytic"]
     return fingerprint(settings)
+
+
+def _finetune_settings(args: TransferArgs, method: str, target: str, source: str, space_,
+                       digests: dict[str, str]) -> dict:
+    """What a fine-tune's weights depend on: not the evaluation's split or problems, so another
+    evaluation reuses a finished fine-tune. Its keys agree with `_settings`' where both have them."""
+    out = {"version": PICKS_VERSION, "target": target, "source": source, "runner": args.runner,
+           "timeout": args.timeout, "space": [space_.name, space_.knobs],
+           "checkpoint": digests["meta" if method == "meta" else "plain"], "tune_problems": args.tune_problems,
+           "rounds": args.rounds, "steps": args.steps, "lr": args.lr, "adapt": ADAPT_VERSION}
+    if args.simulate:  # the fine-tune's labels come from the analytic model
+        out["analytic"] = digests["analytic"]
+    return out
 
 
 def _evaluation_db(args: TransferArgs) -> Path:
@@ -288,14 +303,14 @@ def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
 
 
 def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
-           analytic, space_, settings: str) -> dict[str, list]:
+           analytic, space_, tune: str) -> dict[str, list]:
     """Problem key -> config keys of the method's picks (top-1 first; a search's or a list's best
     found alone, None if nothing worked). Every problem is searched at once, so each step's
     configs compile together."""
     from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
-    policy = _adapted(args, method, budget, seed, spec, settings) if method in POLICIES else None
+    policy = _adapted(args, method, budget, seed, spec, tune) if method in POLICIES else None
     searches = []
     for p in problems:
         rng = random.Random(f"{seed}:{method}:{p.key}")
@@ -323,19 +338,21 @@ def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec,
     return out
 
 
-def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, settings: str):
+def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str):
     """The method's policy after fine-tuning on `budget` measurements of the target. Its folder
-    in --work is named by the run's `settings` too: an unfinished fine-tune resumes under the
-    same ones, and new flags, a new checkpoint or a new ADAPT_VERSION start afresh."""
+    in --work is named by `tune`, the fingerprint of `_finetune_settings`: a fine-tune resumes
+    or is reused under the same ones (another evaluation split or problem count included), and
+    new fine-tune flags, a new checkpoint or a new ADAPT_VERSION start afresh."""
     from gnn_policy.policy import Policy
     from training.finetune import run as finetune
 
     work = Path(args.work)
-    start = _scratch(Path(args.plain), work / f"scratch-s{seed}.pt", seed) if method == "scratch" else \
+    scratch = work / f"scratch-s{seed}-{file_digest(args.plain)[:8]}.pt"  # a new --plain, a new architecture
+    start = _scratch(Path(args.plain), scratch, seed) if method == "scratch" else \
         Path(args.meta if method == "meta" else args.plain)
     if budget == 0:
         return Policy.load(start)
-    name = f"{method}-B{budget}-s{seed}-{settings[:8]}"
+    name = f"{method}-B{budget}-s{seed}-{tune[:8]}"
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
         output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
@@ -438,9 +455,8 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
 
 
 def _by_size(rows: list[dict], table: dict) -> list[str]:
-    """Top-1 by problem size at each method's smallest, B = 64 and largest budget, and what
-    each method spends: the held-out policies miss most on large problems, and the searches
-    spend their B on every problem."""
+    """Top-1 by problem size (`SIZE_GROUPS`) at each method's smallest, B = 64 and largest
+    budget, then what each method present spends, since the searches spend their B on every problem."""
     from gnn_policy.benchmarks.data_report import SIZE_GROUPS
     from graphs import GemmProblem
 
@@ -458,11 +474,11 @@ def _by_size(rows: list[dict], table: dict) -> list[str]:
                 sel = [r for r in rows if (r["method"], r["budget"]) == (m, b) and r["problem"] in ks]
                 cells.append(f"{summary(sel)[m, b]['top1']:.3f}" if sel else "-")
             lines.append(f"| {m} | {'spec only' if b is None else b} | " + " | ".join(cells) + " |")
-    n = len(problems)
-    spend = [f"{', '.join(m for m in POLICIES if m in methods)} spend B in all",
-             f"{', '.join(m for m in SEARCHES if m in methods)} spend B on each of the {n} problems ({n} x B in all)",
-             "a policy's top-8 costs 8 measurements a problem, triton_tutorial's and inductor_mm's lists 16 and 20"]
-    return lines + ["", "Measurements on the target: " + "; ".join(spend) + "."]
+    n, present = len(problems), lambda group: ", ".join(m for m in group if m in methods)
+    spend = [f"{present(POLICIES)} spend B in all; their top-8 costs 8 a problem" if present(POLICIES) else "",
+             f"{present(SEARCHES)} spend B on each of the {n} problems ({n} x B in all)" if present(SEARCHES) else "",
+             f"{present(LISTS)} time their whole list on each problem" if present(LISTS) else ""]
+    return lines + ["", "Measurements on the target: " + "; ".join(c for c in spend if c) + "."]
 
 
 def _plot(table: dict, budgets: list[int], path: Path, target: str, source: str) -> None:
