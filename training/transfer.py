@@ -202,15 +202,16 @@ def run(args: TransferArgs) -> dict:
         left, counts["runs"] = 0, 0
         digests = {name: file_digest(getattr(args, name)) for name in ("meta", "plain", "analytic")}
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
-            settings = _settings(args, method, budget, spec.name, source, problems, space_, digests)
+            tune = _finetune_settings(args, method, spec.name, source, space_, digests) \
+                if method in POLICIES and budget else {}
+            settings = _settings(args, method, spec.name, source, problems, space_, digests, tune)
             picks = log.get(settings, method, budget, seed)
             if picks is None:
                 if counts["runs"] and monotonic() > deadline:  # the first new run always goes; reused ones are free
                     left += 1
                     continue
-                tune = fingerprint(_finetune_settings(args, method, spec.name, source, space_, digests)) \
-                    if method in POLICIES and budget else ""
-                picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_, tune)
+                picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_,
+                               fingerprint(tune), digests["plain"])
                 if exporting:  # after every run: a killed call loses at most the run in flight
                     counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
                                                        tuple(json.loads(db.meta(EXPORTED))),
@@ -249,17 +250,17 @@ def run(args: TransferArgs) -> dict:
     return {"target": spec.name, "problems": len(problems), **counts, "report": report}
 
 
-def _settings(args: TransferArgs, method: str, budget: int | None, target: str, source: str, problems,
-              space_, digests: dict[str, str]) -> str:
-    """A fingerprint of what this run's picks depend on beyond (method, budget, seed): the fine-tune
-    flags only for a fine-tune, a checkpoint's or the analytic model's bytes only where used."""
+def _settings(args: TransferArgs, method: str, target: str, source: str, problems, space_,
+              digests: dict[str, str], tune: dict) -> str:
+    """A fingerprint of what this run's picks depend on beyond (method, budget, seed): a fine-tune's
+    `_finetune_settings` (`tune`, empty for the rest), a checkpoint's or the analytic model's bytes
+    only where used."""
     settings = {"version": PICKS_VERSION, "target": target, "split": args.split, "source": source,
                 "problems": [p.key for p in problems], "runner": args.runner, "timeout": args.timeout,
                 "space": [space_.name, space_.knobs]}
     if method in POLICIES:
         settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch: plain's architecture
-        if budget:
-            settings.update(_finetune_settings(args, method, target, source, space_, digests))
+        settings.update(tune)
     elif method == "analytic":
         settings["analytic"] = digests["analytic"]
     return fingerprint(settings)
@@ -303,14 +304,14 @@ def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
 
 
 def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
-           analytic, space_, tune: str) -> dict[str, list]:
+           analytic, space_, tune: str, plain_digest: str) -> dict[str, list]:
     """Problem key -> config keys of the method's picks (top-1 first; a search's or a list's best
     found alone, None if nothing worked). Every problem is searched at once, so each step's
     configs compile together."""
     from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
-    policy = _adapted(args, method, budget, seed, spec, tune) if method in POLICIES else None
+    policy = _adapted(args, method, budget, seed, spec, tune, plain_digest) if method in POLICIES else None
     searches = []
     for p in problems:
         rng = random.Random(f"{seed}:{method}:{p.key}")
@@ -338,7 +339,7 @@ def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec,
     return out
 
 
-def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str):
+def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str, plain_digest: str):
     """The method's policy after fine-tuning on `budget` measurements of the target. Its folder
     in --work is named by `tune`, the fingerprint of `_finetune_settings`: a fine-tune resumes
     or is reused under the same ones (another evaluation split or problem count included), and
@@ -347,7 +348,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
     from training.finetune import run as finetune
 
     work = Path(args.work)
-    scratch = work / f"scratch-s{seed}-{file_digest(args.plain)[:8]}.pt"  # a new --plain, a new architecture
+    scratch = work / f"scratch-s{seed}-{plain_digest[:8]}.pt"  # a new --plain, a new architecture
     start = _scratch(Path(args.plain), scratch, seed) if method == "scratch" else \
         Path(args.meta if method == "meta" else args.plain)
     if budget == 0:
