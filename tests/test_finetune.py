@@ -11,7 +11,8 @@ import hardware_specs
 from gnn_policy.database import Database
 from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.policy import Policy
-from training import finetune
+from training import adaptation, finetune
+from training.adaptation import CheckResult
 from training.finetune import Budget, FinetuneArgs, FinetuneError, check_gpu, run
 
 H200 = hardware_specs.load("h200")
@@ -38,9 +39,9 @@ def _rows(tmp_path, source="real"):
         return db.conn.execute("SELECT COUNT(*) FROM measurements WHERE source=?", (source,)).fetchone()[0]
 
 
-def _kill_at_call(monkeypatch, name: str, n: int):
-    """Make finetune.<name> raise KeyboardInterrupt (a kill) on its n-th call; returns the original."""
-    real, calls = getattr(finetune, name), []
+def _kill_at_call(monkeypatch, name: str, n: int, module=finetune):
+    """Make module.<name> raise KeyboardInterrupt (a kill) on its n-th call; returns the original."""
+    real, calls = getattr(module, name), []
 
     def dying(*args, **kwargs):
         calls.append(1)
@@ -48,7 +49,7 @@ def _kill_at_call(monkeypatch, name: str, n: int):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(finetune, name, dying)
+    monkeypatch.setattr(module, name, dying)
     return real
 
 
@@ -103,19 +104,37 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
 
 def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
-    real_adapt = _kill_at_call(monkeypatch, "_adapt", 2)  # after round 2's measurements, before its adaptation
+    real_adapt = _kill_at_call(monkeypatch, "adapt", 2, adaptation)  # after round 2's measurements, before its adaptation
     with pytest.raises(KeyboardInterrupt):
         run(_args(tmp_path, ckpt, budget="12", rounds=3))
     spent_before = _rows(tmp_path)
     assert 0 < spent_before <= 12
-    monkeypatch.setattr(finetune, "_adapt", real_adapt)
+    monkeypatch.setattr(adaptation, "adapt", real_adapt)
     original, loaded = Policy.load.__func__, []
     monkeypatch.setattr(Policy, "load", classmethod(lambda cls, path: (loaded.append(str(path)), original(cls, path))[1]))
     card = run(_args(tmp_path, ckpt, budget="12", rounds=3))
-    assert loaded == [str(tmp_path / "out" / "h200.pt")]  # round 1's adapted weights, not the start
+    assert loaded[0] == str(tmp_path / "out" / "h200.pt")  # round 1's adapted weights, not the start
+    assert loaded[1:] == [str(ckpt)]  # the start, for the guard
     assert card["spent_measurements"] == 12 == _rows(tmp_path)
     again = run(_args(tmp_path, ckpt, budget="12", rounds=3))
     assert again["spent_measurements"] == 12 == _rows(tmp_path)  # finished: nothing more to spend
+
+
+@pytest.mark.parametrize("verdict, kept", [(CheckResult(0.9, 0.7, 3), "start"), (CheckResult(0.7, 0.9, 3), "adapted"),
+                                            (CheckResult(None, None, 0), "start")])
+def test_the_guard_falls_back_to_the_start_unless_the_cross_fit_says_the_adaptation_picks_better(
+        tmp_path, ckpt, monkeypatch, verdict, kept):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    calls = []
+    monkeypatch.setattr(adaptation, "cross_fit", lambda *a, **k: (calls.append(a), verdict)[1])
+    card = run(_args(tmp_path, ckpt, budget="12", lr=1e-2))
+    start, final = (torch.load(p, weights_only=True)["state_dict"] for p in (ckpt, tmp_path / "out" / "h200.pt"))
+    assert card["guard"]["kept"] == kept and card["guard"]["scored"] == verdict.scored
+    assert all(torch.equal(start[k], final[k]) for k in start) == (kept == "start")
+    assert run(_args(tmp_path, ckpt, budget="12", lr=1e-2))["guard"]["kept"] == kept and len(calls) == 1  # decided once
+    unguarded = run(_args(tmp_path, ckpt, budget="12", lr=1e-2, guard=False, output=str(tmp_path / "raw"),
+                          db=str(tmp_path / "raw.sqlite")))
+    assert unguarded["guard"] is None and len(calls) == 1
 
 
 def test_a_kill_right_after_a_measurement_is_not_spent_again(tmp_path, ckpt, monkeypatch):

@@ -4,14 +4,13 @@ Each round spends a share of the budget on every tuning problem. The candidates 
 policy's beam picks and mutations of the best config found so far. The cost head screens
 them, and the most promising ones not yet measured are measured for real, or with the
 analytic model under `--simulate`. Every measurement goes to the database. After each
-round, the policy takes gradient steps on two losses:
-- REINFORCE with a per-problem mean baseline on this round's measurements. The reward is
-  log(TFLOP/s / best found), floored at log 0.1; a failed config scores log 0.05.
-- The pretraining objective (`training.objective`: listwise, failures, the cost head's
-  ranking and regression) on everything measured so far on this GPU, as in Reptile's inner
-  loop, so the cost head that screens candidates and ranks the first pick adapts too.
-The card records the gradient norm of each loss, which says which of the two carries the
-adaptation. The budget is never overspent: a count budget is exact, and a time budget
+round, the policy takes gradient steps (`training.adaptation.adapt`): REINFORCE on the
+round's measurements and the pretraining objective on all of them, as Reptile's inner loop
+adapts. The card records the gradient norm of each, which says which carries the adaptation.
+At the end, a cross-fit over the tuning problems (`training.adaptation.cross_fit`) decides
+whether the adapted weights are kept: where adapting on half of the problems does not pick
+better on the other half, the run falls back to the starting weights and says so.
+The budget is never overspent: a count budget is exact, and a time budget
 stops before the next batch once it is used. A state file makes the run resumable.
 """
 from __future__ import annotations
@@ -29,9 +28,7 @@ from pathlib import Path
 from gnn_policy.args import flag
 from gnn_policy.database import DEFAULT_PATH
 
-ADAPT_VERSION = 2  # raise when what `_adapt` minimises changes: transfer then re-runs its fine-tunes (2: the objective)
-FAILED_REWARD = math.log(0.05)  # below every correct config's reward, which is clipped at log 0.1
-FLOOR_REWARD = math.log(0.1)
+ADAPT_VERSION = 3  # raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard)
 
 
 class FinetuneError(RuntimeError):
@@ -52,6 +49,8 @@ class FinetuneArgs:
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over")
     steps: int = flag(5, "gradient steps after each round: as many as Reptile's inner loop takes")
     lr: float = flag(3e-4, "learning rate of the adaptation")
+    guard: bool = flag(True, "keep the adapted weights only where a cross-fit over the tuning problems says they "
+                             "pick better than the starting ones (off: always keep them)")
     simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
     analytic: str = flag("", "the fitted analytic model --simulate measures with (default: checkpoints/analytic.json)")
     replay: str = flag("", "answer every measurement from the real rows of --gpu stored in this database instead "
@@ -115,6 +114,7 @@ def run(args: FinetuneArgs) -> dict:
     from gnn_policy.database import Database
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy, save_checkpoint
     from gnn_policy.snapshot import load_shipped
+    from training.adaptation import adapt, cross_fit
 
     spec = hardware_specs.load(args.gpu)
     if args.replay and (args.simulate or args.snapshot):
@@ -128,7 +128,7 @@ def run(args: FinetuneArgs) -> dict:
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
-                                          "lr", "snapshot", "analytic", "replay")} | {"adapt": ADAPT_VERSION}
+                                          "lr", "guard", "snapshot", "analytic", "replay")} | {"adapt": ADAPT_VERSION}
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
@@ -155,7 +155,7 @@ def run(args: FinetuneArgs) -> dict:
             rng = random.Random(f"{args.seed}:{rnd}")
             measured = _measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng,
                                       lambda: _save_state(state_path, state, budget), state["since"], rnd)
-            _adapt(policy, problems, spec, db, source, measured, optimiser, args.steps, norms)
+            adapt(policy, problems, spec, db, source, measured, optimiser, args.steps, norms)
             out.mkdir(parents=True, exist_ok=True)
             save_checkpoint(policy.model, weights)
             state["round"] = rnd + 1
@@ -163,14 +163,23 @@ def run(args: FinetuneArgs) -> dict:
             if tracker is not None:
                 tracker.log({"finetune/round": rnd + 1, "finetune/spent": db.count_since(spec.name, source, state["since"]),
                              **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
+        if args.guard and "guard" not in state:
+            start = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
+            check = cross_fit(start, problems, spec, db, source, args.rounds * args.steps, args.lr, args.seed)
+            state["guard"] = dataclasses.asdict(check) | {"kept": "adapted" if check.keep_adapted else "start"}
+            if not check.keep_adapted:
+                save_checkpoint(start.model, weights)
+            _save_state(state_path, state, budget)
         budget.spent_count = db.count_since(spec.name, source, state["since"])
     card = {"job": "finetune", "gpu": spec.name, "source": source, "checkpoint": weights.name,
             "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,
             "spent_seconds": round(budget.spent_seconds, 1), "problems": [p.key for p in problems],
-            "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()}}
+            "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()},
+            "guard": state.get("guard")}
     _write_atomic(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
     if tracker is not None:
-        tracker.summary.update({"finetune/spent": budget.spent_count, **{f"finetune/grad_norm_mean_{k}": v
+        kept = (state.get("guard") or {}).get("kept", "adapted")
+        tracker.summary.update({"finetune/spent": budget.spent_count, "finetune/kept_adapted": kept == "adapted", **{f"finetune/grad_norm_mean_{k}": v
                                 for k, v in card["grad_norm_mean"].items()}})
         tracker.finish()
     return card
@@ -326,48 +335,3 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
             progress = spend(jobs) or progress
         if not timed or not progress or time.monotonic() - round_start >= seconds or not budget.left():
             return out
-
-
-def _adapt(policy, problems, spec, db, source: str, measured: dict, optimiser, steps: int, norms: dict) -> None:
-    """REINFORCE on this round's measurements plus the pretraining objective (`training.objective`:
-    listwise, failures, the cost head) on all of this GPU's, as Reptile's inner loop adapts."""
-    import torch
-
-    from gnn_policy.space import TileConfig
-    from training.dataset import collate, measured_sample
-    from training.objective import LossWeights, objective
-
-    model, space_ = policy.model, policy.model.space
-    failed = db.failed_configs(spec.name, source)
-    samples, reinforce = [], []
-    for p in problems:
-        figs = {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != "cublas"}
-        sample = measured_sample(p, spec, figs, failed.get(p.key, ()), space_) if figs else None
-        if sample is None:
-            continue
-        samples.append(sample)
-        best = max(figs.values())
-        new = measured.get(p.key, {})
-        if len(new) > 1:
-            rewards = [max(FLOOR_REWARD, math.log(v / best)) if v else FAILED_REWARD for v in new.values()]
-            reinforce.append((p, [space_.index(TileConfig.from_key(k)) for k in new], rewards))
-    batch = collate(samples, space_, policy.vocab) if samples else None
-    model.train()
-    for _ in range(steps if samples else 0):
-        pg_total = torch.zeros(())
-        for p, new_idx, rewards in reinforce:
-            h, mask = policy.encode(p, spec)
-            r = torch.tensor(rewards)
-            logp = model.log_prob(h, torch.tensor(new_idx)[None], mask)[0]
-            pg_total = pg_total + -((r - r.mean()) * logp).mean()
-        # summed over problems like the REINFORCE term, so the two keep their balance at any problem count
-        sl_total = objective(model, batch, None, LossWeights())[0] * len(samples)
-        optimiser.zero_grad()
-        for name, loss in (("reinforce", pg_total), ("supervised", sl_total)):
-            if loss.requires_grad:
-                grads = torch.autograd.grad(loss, [q for q in model.parameters() if q.requires_grad],
-                                            retain_graph=True, allow_unused=True)
-                norms[name].append(float(torch.sqrt(sum((g ** 2).sum() for g in grads if g is not None))))
-        (pg_total + sl_total).backward()
-        optimiser.step()
-    model.eval()

@@ -1,0 +1,98 @@
+"""The fine-tune's guard: the cross-fit over the tuning problems keeps only adaptations that pick better."""
+import dataclasses
+import math
+import random
+
+import pytest
+import torch
+
+import hardware_specs
+from gnn_policy.database import Database
+from gnn_policy.measure.result import Measurement
+from gnn_policy.model import ModelConfig, PolicyModel
+from gnn_policy.policy import Policy
+from gnn_policy.space import space
+from graphs import GemmProblem
+from training import adaptation
+from training.adaptation import CheckResult, cross_fit, pick_fraction
+
+H200 = hardware_specs.load("h200")
+PROBLEMS = [GemmProblem(m=m, n=1024, k=512) for m in (16, 64, 256, 1024)]
+
+
+@pytest.fixture()
+def policy():
+    torch.manual_seed(0)
+    return Policy(PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,))))
+
+
+def _db(tmp_path, per_problem: dict[int, int]):
+    """Problem i gets per_problem[i] correct configs with distinct TFLOP/s."""
+    configs = [c for c in space("full").valid(H200, "bf16", 512) if c.split_k == 1][:40]
+    rng = random.Random(0)
+    db = Database(tmp_path / "m.sqlite")
+    rows = []
+    for i, p in enumerate(PROBLEMS):
+        for c in rng.sample(configs, per_problem.get(i, 0)):
+            rows.append((Measurement(H200.name, p.key, c.key, "ok", median_ms=1.0, tflops=rng.uniform(10, 500)), p, c))
+    db.add(rows)
+    return db
+
+
+def test_a_pick_is_judged_among_two_or_more_correct_configs(tmp_path, policy):
+    with _db(tmp_path, {0: 1, 1: 6}) as db:
+        assert pick_fraction(policy, PROBLEMS[0], H200, db.tflops(H200.name, PROBLEMS[0].key)) is None
+        figures = db.tflops(H200.name, PROBLEMS[1].key)
+        got = pick_fraction(policy, PROBLEMS[1], H200, figures)
+    assert got in {v / max(figures.values()) for v in figures.values()}
+
+
+def _oracle(cost_of):
+    """An `adapt` that makes the copy's cost head read the true TFLOP/s of each held-out config."""
+    def adapt(copy_, learn, spec, db, source, measured, optimiser, steps, norms):
+        seen.append(([p.key for p in learn], steps))
+        true = {}
+        for p in PROBLEMS:
+            for key, v in db.tflops(spec.name, p.key, source).items():
+                true[(p.key, key)] = v
+
+        def cost(h, problem, gpu, idx):
+            keys = [copy_.model.space.at(tuple(row)).key for row in idx[0].tolist()]
+            return torch.tensor([[100 * math.log(true[(problem.key, k)]) for k in keys]])
+        copy_.cost = cost if cost_of == "truth" else copy_.cost
+    seen: list = []
+    return adapt, seen
+
+
+def test_an_adaptation_that_picks_better_on_held_out_problems_is_kept(tmp_path, policy, monkeypatch):
+    fake, seen = _oracle("truth")
+    monkeypatch.setattr(adaptation, "adapt", fake)
+    with _db(tmp_path, {i: 12 for i in range(4)}) as db:
+        result = cross_fit(policy, PROBLEMS, H200, db, "real", steps=20, lr=3e-4, seed=0)
+    assert result.scored == 4 and result.adapted == pytest.approx(1.0)
+    assert result.start < 1.0 and result.keep_adapted  # a random start misses the best of 12 somewhere
+    # each copy learns from one half and is judged on the other
+    assert seen == [([PROBLEMS[0].key, PROBLEMS[2].key], 20), ([PROBLEMS[1].key, PROBLEMS[3].key], 20)]
+
+
+def test_an_adaptation_that_changes_nothing_or_cannot_be_judged_falls_back_to_the_start(tmp_path, policy, monkeypatch):
+    fake, _ = _oracle("unchanged")
+    monkeypatch.setattr(adaptation, "adapt", fake)
+    with _db(tmp_path, {i: 12 for i in range(4)}) as db:
+        tie = cross_fit(policy, PROBLEMS, H200, db, "real", steps=20, lr=3e-4, seed=0)
+    assert tie.adapted == tie.start and not tie.keep_adapted
+    (tmp_path / "one").mkdir()
+    with _db(tmp_path / "one", {i: 1 for i in range(4)}) as db:
+        blind = cross_fit(policy, PROBLEMS, H200, db, "real", steps=20, lr=3e-4, seed=0)
+    assert blind == CheckResult(None, None, 0) and not blind.keep_adapted
+
+
+def test_the_real_adaptation_moves_only_the_copy_and_gives_the_same_answer_twice(tmp_path, policy):
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    with _db(tmp_path, {i: 8 for i in range(4)}) as db:
+        first = cross_fit(policy, PROBLEMS, H200, db, "real", steps=3, lr=1e-2, seed=0)
+        torch.rand(5)  # whatever ran before, the answer is the same
+        second = cross_fit(policy, PROBLEMS, H200, db, "real", steps=3, lr=1e-2, seed=0)
+    assert first == second and first.scored == 4
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+    assert dataclasses.asdict(first)["adapted"] != dataclasses.asdict(first)["start"]  # lr 1e-2 moves the picks
