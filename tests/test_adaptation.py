@@ -64,15 +64,16 @@ def _oracle(cost_of):
     return adapt, seen
 
 
-def test_an_adaptation_that_picks_better_on_held_out_problems_is_kept(tmp_path, policy, monkeypatch):
+@pytest.mark.parametrize("folds, learned", [(2, [[1, 3], [0, 2]]), (4, [[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])])
+def test_an_adaptation_that_picks_better_on_held_out_problems_is_kept(tmp_path, policy, monkeypatch, folds, learned):
     fake, seen = _oracle("truth")
     monkeypatch.setattr(adaptation, "adapt", fake)
     with _db(tmp_path, {i: 12 for i in range(4)}) as db:
-        result = cross_fit(policy, PROBLEMS, H200, db, "real", steps=20, lr=3e-4, seed=0)
+        result = cross_fit(policy, PROBLEMS, H200, db, "real", steps=20, lr=3e-4, seed=0, folds=folds)
     assert result.scored == 4 and result.adapted == pytest.approx(1.0)
     assert result.start < 1.0 and result.keep_adapted  # a random start misses the best of 12 somewhere
-    # each copy learns from one half and is judged on the other
-    assert seen == [([PROBLEMS[0].key, PROBLEMS[2].key], 20), ([PROBLEMS[1].key, PROBLEMS[3].key], 20)]
+    # each copy learns from the other folds and is judged on its own
+    assert seen == [([PROBLEMS[i].key for i in learn], 20) for learn in learned]
 
 
 def test_an_adaptation_that_changes_nothing_or_cannot_be_judged_falls_back_to_the_start(tmp_path, policy, monkeypatch):
@@ -96,3 +97,16 @@ def test_the_real_adaptation_moves_only_the_copy_and_gives_the_same_answer_twice
     assert first == second and first.scored == 4
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
     assert dataclasses.asdict(first)["adapted"] != dataclasses.asdict(first)["start"]  # lr 1e-2 moves the picks
+
+
+def test_the_replay_table_scores_a_guarded_run_by_the_weights_it_keeps_and_counts_wrong_calls():
+    from training.guard_replay import summarise
+
+    def run_(top1, keep):
+        return {"checkpoint": "checkpoints/meta.pt", "budget": 16, "seed": 0, "top1": top1, "best_of_8": top1 + 0.05,
+                "verdicts": {2: {"keep_adapted": keep}}}
+    starts = {"checkpoints/meta.pt": {"top1": 0.8, "best_of_8": 0.9}}
+    runs = [run_(0.9, True), run_(0.7, True), run_(0.9, False), run_(0.7, False)]
+    row = summarise(runs, starts, [2]).splitlines()[-1]
+    # kept: 0.9 and 0.7; dropped: the start's 0.8 twice. Wrong: keeping 0.7 and dropping 0.9
+    assert row == "| meta | 16 | 0.800 / 0.850 (0.700-0.900) | 0.800 / 0.875, 2 of 4, 2 |"

@@ -52,6 +52,16 @@ def test_a_simulated_transfer_reports_every_method_at_every_budget(tmp_path):
     counts = [int(c.split("(")[1].rstrip(")")) for c in header.strip("| ").split(" | ")[2:]]
     assert counts[0] + counts[1] == counts[2] + counts[3] == 2
     assert sum(line.startswith("| meta | ") for line in md.splitlines()) == 1 + 2  # B table, then B=0 and 4
+    # each fine-tune says which weights its guard kept; a fallback picks what B = 0 picks
+    kept = {(r["method"], r["budget"]): r["kept"] for r in rows}
+    assert {kept[m, "4"] for m in ("meta", "plain", "scratch")} <= {"adapted", "start"}
+    assert {v for (m, b), v in kept.items() if b != "4" or m not in ("meta", "plain", "scratch")} == {""}
+    for m in ("meta", "plain", "scratch"):
+        if kept[m, "4"] == "start":
+            assert [r["top1"] for r in rows if (r["method"], r["budget"]) == (m, "4")] == \
+                [r["top1"] for r in rows if (r["method"], r["budget"]) == (m, "0")]
+    guard = next(line for line in md.splitlines() if line.startswith("Fine-tunes that kept"))
+    assert all(f"{m} B=4" in guard for m in ("meta", "plain", "scratch"))
 
     # the report and W&B runs rebuilt from the CSV alone (a GPU machine without wandb wrote it)
     (tmp_path / "out" / "transfer.md").unlink()
@@ -177,7 +187,7 @@ def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_setting
     for done in (tmp_path / "work").glob("*-B4-s0*"):
         shutil.rmtree(done) if done.is_dir() else done.unlink()
     again = run(_args(tmp_path))
-    assert again["runs"] == 0 and again["report"] == first["report"]
+    assert again["runs"] == 0 and again["report"] == first["report"]  # the guard's verdicts come from the log too
     assert not list((tmp_path / "work").glob("meta-B4-s0-*"))
     assert "1 lines of" in capsys.readouterr().out
 

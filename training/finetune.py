@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import math
 import os
 import random
 import re

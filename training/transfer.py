@@ -205,22 +205,22 @@ def run(args: TransferArgs) -> dict:
             tune = _finetune_settings(args, method, spec.name, source, space_, digests) \
                 if method in POLICIES and budget else {}
             settings = _settings(args, method, spec.name, source, problems, space_, digests, tune)
-            picks = log.get(settings, method, budget, seed)
+            picks, kept = log.get(settings, method, budget, seed), log.kept(settings, method, budget, seed)
             if picks is None:
                 if counts["runs"] and monotonic() > deadline:  # the first new run always goes; reused ones are free
                     left += 1
                     continue
-                picks = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_,
-                               fingerprint(tune), digests["plain"])
+                picks, kept = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_,
+                                     fingerprint(tune), digests["plain"])
                 if exporting:  # after every run: a killed call loses at most the run in flight
                     counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
                                                        tuple(json.loads(db.meta(EXPORTED))),
                                                        f"{run_stamp()}-{method}-B{budget}-s{seed}")
                     db.set_meta(EXPORTED, json.dumps(db.high_water()))
-                log.add(settings, method, budget, seed, picks)
+                log.add(settings, method, budget, seed, picks, kept)
                 counts["runs"] += 1
             rows += [{"target": spec.name, "split": args.split, "source": source, "method": method, "budget": budget,
-                      "seed": seed, "problem": p.key, "picks": picks[p.key]} for p in problems]
+                      "seed": seed, "problem": p.key, "kept": kept or "", "picks": picks[p.key]} for p in problems]
         # picks are config keys, valued now: re-timings since a run count, as they do in best known
         known = {p.key: db.tflops(spec.name, p.key, source) for p in problems}
         stored = {p.key: {c for _, c in db.measured(spec.name, source, problem=p.key)} for p in problems}
@@ -304,14 +304,14 @@ def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
 
 
 def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
-           analytic, space_, tune: str, plain_digest: str) -> dict[str, list]:
+           analytic, space_, tune: str, plain_digest: str) -> tuple[dict[str, list], str | None]:
     """Problem key -> config keys of the method's picks (top-1 first; a search's or a list's best
-    found alone, None if nothing worked). Every problem is searched at once, so each step's
-    configs compile together."""
+    found alone, None if nothing worked), and for a fine-tune which weights its guard kept.
+    Every problem is searched at once, so each step's configs compile together."""
     from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
-    policy = _adapted(args, method, budget, seed, spec, tune, plain_digest) if method in POLICIES else None
+    policy, kept = _adapted(args, method, budget, seed, spec, tune, plain_digest) if method in POLICIES else (None, None)
     searches = []
     for p in problems:
         rng = random.Random(f"{seed}:{method}:{p.key}")
@@ -336,14 +336,15 @@ def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec,
         else:
             found = [(v, c.key) for c, v in trace if v is not None]
             out[p.key] = [max(found)[1]] if found else [None]
-    return out
+    return out, kept
 
 
 def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str, plain_digest: str):
     """The method's policy after fine-tuning on `budget` measurements of the target. Its folder
     in --work is named by `tune`, the fingerprint of `_finetune_settings`: a fine-tune resumes
     or is reused under the same ones (another evaluation split or problem count included), and
-    new fine-tune flags, a new checkpoint or a new ADAPT_VERSION start afresh."""
+    new fine-tune flags, a new checkpoint or a new ADAPT_VERSION start afresh. Also says which
+    weights the fine-tune's guard kept (None at B = 0)."""
     from gnn_policy.policy import Policy
     from training.finetune import run as finetune
 
@@ -352,7 +353,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
     start = _scratch(Path(args.plain), scratch, seed) if method == "scratch" else \
         Path(args.meta if method == "meta" else args.plain)
     if budget == 0:
-        return Policy.load(start)
+        return Policy.load(start), None
     name = f"{method}-B{budget}-s{seed}-{tune[:8]}"
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
@@ -361,7 +362,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
         runner=args.runner,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
         tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
-    return Policy.load(work / name / card["checkpoint"])
+    return Policy.load(work / name / card["checkpoint"]), (card["guard"] or {}).get("kept", "adapted")
 
 
 def _scratch(plain: Path, path: Path, seed: int) -> Path:
@@ -448,11 +449,25 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
         lines += ["", f"meta at B=64 reaches top-1 {goal:.3f}; scratch reaches it at "
                       + (f"B={need} ({need / 64:.1f}x the measurements)" if need is not None else
                          f"no budget up to {ran} (more than {ran / 64:.0f}x)")]
+    lines += _guard_lines(rows)
     lines += ["", *_by_size(rows, table)]
     text = "\n".join(lines)
     (out / f"{name}.md").write_text(text + "\n")
     _plot(table, budgets, out / f"{name}.png", target, source)
     return text
+
+
+def _guard_lines(rows: list[dict]) -> list[str]:
+    """Which fine-tunes kept their adapted weights and which fell back to the start (`finetune`'s
+    guard): a fallback's picks are its B = 0 picks. Nothing for rows from before the guard."""
+    runs = dict.fromkeys((r["method"], r["budget"], r["seed"], r.get("kept")) for r in rows if r.get("kept"))
+    if not runs:
+        return []
+    seeds = len({seed for _, _, seed, _ in runs}) > 1
+    said = {kept: ", ".join(f"{m} B={b}" + (f" seed {seed}" if seeds else "") for m, b, seed, k in runs if k == kept)
+            or "none" for kept in ("adapted", "start")}
+    return ["", f"Fine-tunes that kept their adapted weights: {said['adapted']}. Fell back to the starting "
+                f"weights (the guard's cross-fit found them no better): {said['start']}."]
 
 
 def _by_size(rows: list[dict], table: dict) -> list[str]:
