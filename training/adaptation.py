@@ -28,7 +28,7 @@ import math
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.policy import first_pick
 
-FOLDS = 2  # on replayed val labels, 4 and 8 (leave one out) decided wrongly as often or more, at 2-4x the cost
+FOLDS = 2  # on replayed val labels, 4 and 8 (leave one out) decided wrongly more often, and cost more (BENCHMARKS)
 MIN_SCORED = 2  # correct configs a held-out problem needs before a pick among them says anything
 FAILED_REWARD = math.log(0.05)  # below every correct config's reward, which is clipped at log 0.1
 FLOOR_REWARD = math.log(0.1)
