@@ -88,15 +88,27 @@ def test_an_adaptation_that_changes_nothing_or_cannot_be_judged_falls_back_to_th
     assert blind == CheckResult(None, None, 0) and not blind.keep_adapted
 
 
-def test_the_real_adaptation_moves_only_the_copy_and_gives_the_same_answer_twice(tmp_path, policy):
+def test_the_real_adaptation_moves_only_the_copy_and_gives_the_same_answer_twice(tmp_path, policy, monkeypatch):
+    real, copies = adaptation.adapt, []
+
+    def recording(copy_, *args):
+        real(copy_, *args)
+        copies.append({k: v.clone() for k, v in copy_.model.state_dict().items()})
+    monkeypatch.setattr(adaptation, "adapt", recording)
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     with _db(tmp_path, {i: 8 for i in range(4)}) as db:
+        rng = torch.random.get_rng_state()
         first = cross_fit(policy, PROBLEMS, H200, db, "real", steps=3, lr=1e-2, seed=0)
+        assert torch.equal(torch.random.get_rng_state(), rng)  # the caller's random stream is left alone
         torch.rand(5)  # whatever ran before, the answer is the same
         second = cross_fit(policy, PROBLEMS, H200, db, "real", steps=3, lr=1e-2, seed=0)
+        third = cross_fit(policy, PROBLEMS, H200, db, "real", steps=3, lr=1e-2, seed=1)
     assert first == second and first.scored == 4
+    # the copies' weights, not only the picks: the GPU dropout of training is seeded
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(copies[:2], copies[2:4]) for k in a)
+    assert not all(torch.equal(a[k], b[k]) for a, b in zip(copies[:2], copies[4:]) for k in a)  # another seed differs
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
-    assert dataclasses.asdict(first)["adapted"] != dataclasses.asdict(first)["start"]  # lr 1e-2 moves the picks
+    assert first.adapted != first.start and third.scored == 4  # lr 1e-2 moves the picks
 
 
 def test_the_replay_table_scores_a_guarded_run_by_the_weights_it_keeps_and_counts_wrong_calls():
@@ -104,7 +116,7 @@ def test_the_replay_table_scores_a_guarded_run_by_the_weights_it_keeps_and_count
 
     def run_(top1, keep):
         return {"checkpoint": "checkpoints/meta.pt", "budget": 16, "seed": 0, "top1": top1, "best_of_8": top1 + 0.05,
-                "verdicts": {2: {"keep_adapted": keep}}}
+                "verdicts": {"2": {"keep_adapted": keep}}}
     starts = {"checkpoints/meta.pt": {"top1": 0.8, "best_of_8": 0.9}}
     runs = [run_(0.9, True), run_(0.7, True), run_(0.9, False), run_(0.7, False)]
     row = summarise(runs, starts, [2]).splitlines()[-1]

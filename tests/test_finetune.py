@@ -155,6 +155,22 @@ def test_a_resume_with_other_settings_is_refused(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "ADAPT_VERSION", finetune.ADAPT_VERSION + 1)
     with pytest.raises(FinetuneError, match="belongs to a run with"):
         run(_args(tmp_path, ckpt, budget="6"))
+    monkeypatch.undo()
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    # nor from another starting checkpoint saved under the same path
+    torch.save({**torch.load(ckpt, weights_only=True), "note": "retrained"}, ckpt)
+    with pytest.raises(FinetuneError, match="belongs to a run with"):
+        run(_args(tmp_path, ckpt, budget="6"))
+
+
+def test_a_start_that_is_the_output_or_missing_is_refused(tmp_path, ckpt):
+    own = tmp_path / "out" / "h200.simulated.pt"  # what a simulated h200 run writes
+    own.parent.mkdir()
+    own.write_bytes(ckpt.read_bytes())
+    with pytest.raises(FinetuneError, match="is the file this run writes"):
+        run(_args(tmp_path, ckpt, checkpoint=str(own), simulate=True))
+    with pytest.raises(FinetuneError, match="no policy checkpoint at"):
+        run(_args(tmp_path, ckpt, checkpoint=str(tmp_path / "missing.pt"), simulate=True))
 
 
 def test_a_time_budget_keeps_measuring_until_its_time_is_used(tmp_path, ckpt):

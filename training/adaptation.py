@@ -26,8 +26,8 @@ import dataclasses
 import math
 
 from gnn_policy.measure.result import CUBLAS
-from gnn_policy.policy import first_pick
 
+# transfer fingerprints fine-tunes by finetune.ADAPT_VERSION, not by these: a change to either needs a bump there
 FOLDS = 2  # on replayed val labels, 4 and 8 (leave one out) decided wrongly more often, and cost more (BENCHMARKS)
 MIN_SCORED = 2  # correct configs a held-out problem needs before a pick among them says anything
 FAILED_REWARD = math.log(0.05)  # below every correct config's reward, which is clipped at log 0.1
@@ -37,23 +37,34 @@ FLOOR_REWARD = math.log(0.1)
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
     start: float | None  # geomean fraction of the start's picks over the scored held-out problems
-    adapted: float | None  # the same for the copies adapted on the other half
-    scored: int  # held-out problems with at least MIN_SCORED correct configs
+    adapted: float | None  # the same for the copies, each adapted on the other folds
+    scored: int  # held-out problems with at least MIN_SCORED correct configs (0: nothing to judge by)
 
     @property
     def keep_adapted(self) -> bool:
         return self.scored > 0 and self.adapted > self.start
 
 
-def pick_fraction(policy, problem, spec, figures: dict[str, float]) -> float | None:
-    """The first-pick rule's choice among a problem's measured configs, as a fraction of the
-    best of them; None with fewer than MIN_SCORED correct configs in the policy's space."""
-    import torch
-
+def usable(policy, problem, spec, keys) -> list:
+    """The configs of `keys` the policy can give mass to on this problem: in its space and valid
+    by today's rules (a stored row may predate a rule)."""
     from gnn_policy.space import TileConfig
 
     space_ = policy.model.space
-    configs = [c for c in map(TileConfig.from_key, (k for k in figures if k != CUBLAS)) if c in space_]
+    allowed = space_.problem_mask(spec, problem)
+    configs = [c for c in map(TileConfig.from_key, (k for k in keys if k != CUBLAS)) if c in space_]
+    return [c for c in configs if allowed[space_.index(c)]]
+
+
+def pick_fraction(policy, problem, spec, figures: dict[str, float]) -> float | None:
+    """The first-pick rule's choice among a problem's measured configs, as a fraction of the
+    best of them; None with fewer than MIN_SCORED usable correct configs."""
+    import torch
+
+    from gnn_policy.policy import first_pick
+
+    space_ = policy.model.space
+    configs = usable(policy, problem, spec, figures)
     if len(configs) < MIN_SCORED:
         return None
     idx = torch.tensor([space_.index(c) for c in configs])[None]
@@ -74,7 +85,7 @@ def cross_fit(start, problems: list, spec, db, source: str, steps: int, lr: floa
     failed = db.failed_configs(spec.name, source)
     parts = [problems[i::folds] for i in range(folds)]
     start_scores, adapted_scores = [], []
-    with torch.random.fork_rng():  # the same answer on a re-entered run, whatever ran before
+    with torch.random.fork_rng(devices=[]):  # the same answer on a re-entered run, whatever ran before
         torch.manual_seed(seed)
         for i, held in enumerate(parts):
             learn = [p for j, part in enumerate(parts) if j != i for p in part]
@@ -83,8 +94,12 @@ def cross_fit(start, problems: list, spec, db, source: str, steps: int, lr: floa
                 continue
             adapted = copy.deepcopy(start)
             optimiser = torch.optim.Adam(adapted.model.parameters(), lr=lr)
-            # every measurement of the learning half counts as one round's, as the run's last round sees them
-            measured = {p.key: {**figures[p.key], **{k: None for k in failed.get(p.key, ())}} for p in learn}
+            # a stand-in for the run's rounds, which this replay cannot repeat without measuring: all of
+            # the learning folds' measurements in one round, for as many steps as the run took in all
+            measured = {}
+            for p in learn:
+                outcome = {**figures[p.key], **dict.fromkeys(failed.get(p.key, ()))}
+                measured[p.key] = {c.key: outcome[c.key] for c in usable(start, p, spec, outcome)}
             adapt(adapted, learn, spec, db, source, measured, optimiser, steps, {"reinforce": [], "supervised": []})
             start_scores += [s for _, s in scored]
             adapted_scores += [pick_fraction(adapted, p, spec, figures[p.key]) for p, _ in scored]

@@ -114,6 +114,7 @@ def run(args: FinetuneArgs) -> dict:
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy, save_checkpoint
     from gnn_policy.snapshot import load_shipped
     from training.adaptation import adapt, cross_fit
+    from training.transfer_log import file_digest
 
     spec = hardware_specs.load(args.gpu)
     if args.replay and (args.simulate or args.snapshot):
@@ -126,8 +127,15 @@ def run(args: FinetuneArgs) -> dict:
     out = Path(args.output)
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
+    start_path = Path(args.checkpoint or DEFAULT_CHECKPOINT)
+    if not start_path.exists():
+        raise FinetuneError(f"no policy checkpoint at {start_path}; train one with `gnn-policy pretrain`")
+    if start_path.resolve() == weights.resolve():  # the guard's fallback and a resume both need the start intact
+        raise FinetuneError(f"--checkpoint {start_path} is the file this run writes: give another --output")
+    # by content, not only path: a start replaced between resumes is another run
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
-                                          "lr", "guard", "snapshot", "analytic", "replay")} | {"adapt": ADAPT_VERSION}
+                                          "lr", "guard", "snapshot", "analytic", "replay")} | \
+        {"adapt": ADAPT_VERSION, "start_digest": file_digest(start_path)}
     torch.manual_seed(args.seed)
     norms = {"reinforce": [], "supervised": []}
     with Database(args.db) as db, _measurer(db, spec, args, source) as measure:
@@ -148,7 +156,7 @@ def run(args: FinetuneArgs) -> dict:
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
         budget.spent_seconds = state["spent_seconds"]
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
-        policy = Policy.load(weights if state["round"] else args.checkpoint or DEFAULT_CHECKPOINT)
+        policy = Policy.load(weights if state["round"] else start_path)
         optimiser = torch.optim.Adam(policy.model.parameters(), lr=args.lr)
         for rnd in range(state["round"], args.rounds):
             rng = random.Random(f"{args.seed}:{rnd}")
@@ -163,7 +171,7 @@ def run(args: FinetuneArgs) -> dict:
                 tracker.log({"finetune/round": rnd + 1, "finetune/spent": db.count_since(spec.name, source, state["since"]),
                              **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
         if args.guard and "guard" not in state:
-            start = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
+            start = Policy.load(start_path)
             check = cross_fit(start, problems, spec, db, source, args.rounds * args.steps, args.lr, args.seed)
             state["guard"] = dataclasses.asdict(check) | {"kept": "adapted" if check.keep_adapted else "start"}
             if not check.keep_adapted:

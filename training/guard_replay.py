@@ -41,7 +41,8 @@ def replay_run(db_path: str, gpu: str, checkpoint: str, budget: int, seed: int, 
         verdicts = {f: cross_fit(start, problems, spec, db, "real", args.rounds * args.steps, args.lr, seed, folds=f)
                     for f in folds}
     return {"weights": str(work / card["checkpoint"]),
-            "verdicts": {f: dataclasses.asdict(v) | {"keep_adapted": v.keep_adapted} for f, v in verdicts.items()}}
+            # fold counts as strings, as JSON keys come back from --out
+            "verdicts": {str(f): dataclasses.asdict(v) | {"keep_adapted": v.keep_adapted} for f, v in verdicts.items()}}
 
 
 def summarise(runs: list[dict], starts: dict[str, dict], folds: list[int]) -> str:
@@ -57,7 +58,7 @@ def summarise(runs: list[dict], starts: dict[str, dict], folds: list[int]) -> st
         row = [Path(ck).stem, str(b), f"{statistics.mean(raw):.3f} / {statistics.mean(r['best_of_8'] for r in cell):.3f} "
                                       f"({min(raw):.3f}-{max(raw):.3f})"]
         for f in folds:
-            kept = [r["verdicts"][f]["keep_adapted"] for r in cell]
+            kept = [r["verdicts"][str(f)]["keep_adapted"] for r in cell]
             got = [(r["top1"], r["best_of_8"]) if k else (start["top1"], start["best_of_8"]) for r, k in zip(cell, kept)]
             wrong = sum(r["top1"] < start["top1"] if k else r["top1"] > start["top1"] for r, k in zip(cell, kept))
             row.append(f"{statistics.mean(g[0] for g in got):.3f} / {statistics.mean(g[1] for g in got):.3f}, "

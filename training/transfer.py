@@ -344,7 +344,8 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
     in --work is named by `tune`, the fingerprint of `_finetune_settings`: a fine-tune resumes
     or is reused under the same ones (another evaluation split or problem count included), and
     new fine-tune flags, a new checkpoint or a new ADAPT_VERSION start afresh. Also says which
-    weights the fine-tune's guard kept (None at B = 0)."""
+    weights the fine-tune's guard kept: adapted, start, or unjudged (the start, for want of
+    held-out problems with two measured configs); None at B = 0."""
     from gnn_policy.policy import Policy
     from training.finetune import run as finetune
 
@@ -362,7 +363,10 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
         runner=args.runner,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
         tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
-    return Policy.load(work / name / card["checkpoint"]), (card["guard"] or {}).get("kept", "adapted")
+    guard = card["guard"]
+    # a guard that scored nothing fell back for want of evidence, not because the adaptation lost
+    kept = "adapted" if guard is None else guard["kept"] if guard["scored"] else "unjudged"
+    return Policy.load(work / name / card["checkpoint"]), kept
 
 
 def _scratch(plain: Path, path: Path, seed: int) -> Path:
@@ -465,9 +469,10 @@ def _guard_lines(rows: list[dict]) -> list[str]:
         return []
     seeds = len({seed for _, _, seed, _ in runs}) > 1
     said = {kept: ", ".join(f"{m} B={b}" + (f" seed {seed}" if seeds else "") for m, b, seed, k in runs if k == kept)
-            or "none" for kept in ("adapted", "start")}
+            or "none" for kept in ("adapted", "start", "unjudged")}
     return ["", f"Fine-tunes that kept their adapted weights: {said['adapted']}. Fell back to the starting "
-                f"weights (the guard's cross-fit found them no better): {said['start']}."]
+                f"weights because the guard's cross-fit found them no better: {said['start']}; because too few "
+                f"configs were measured to judge them: {said['unjudged']}."]
 
 
 def _by_size(rows: list[dict], table: dict) -> list[str]:
