@@ -1,5 +1,4 @@
 """The fine-tune's guard: the cross-fit over the tuning problems keeps only adaptations that pick better."""
-import dataclasses
 import math
 import random
 
