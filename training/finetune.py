@@ -186,8 +186,8 @@ def run(args: FinetuneArgs) -> dict:
     _write_atomic(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
     if tracker is not None:
         kept = (state.get("guard") or {}).get("kept", "adapted")
-        tracker.summary.update({"finetune/spent": budget.spent_count, "finetune/kept_adapted": kept == "adapted", **{f"finetune/grad_norm_mean_{k}": v
-                                for k, v in card["grad_norm_mean"].items()}})
+        tracker.summary.update({"finetune/spent": budget.spent_count, "finetune/kept_adapted": kept == "adapted",
+                                **{f"finetune/grad_norm_mean_{k}": v for k, v in card["grad_norm_mean"].items()}})
         tracker.finish()
     return card
 
