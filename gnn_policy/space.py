@@ -177,6 +177,11 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
                                  "Triton leaves other kernels unspecialised"))
         if config.block_m < 64:
             out.append(Violation("warpspec", f"warp specialisation needs BLOCK_M >= 64 (got {config.block_m})"))
+        # Compiled for the H200 (benchmarks.resources, 2026-12-04): with split-K, 6 of 16
+        # accepted configs spilled (up to 128 registers) and one did not compile.
+        if config.split_k > 1:
+            out.append(Violation("warpspec", "warp specialisation runs SPLIT_K=1 only; the persistent "
+                                 "and tma variants split K"))
     if config.variant in PERSISTENT_VARIANTS:
         pipeline = config.smem_bytes(dtype)
         tile = config.block_m * config.block_n

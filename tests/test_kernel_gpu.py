@@ -48,10 +48,11 @@ def _random_cases(n: int, gpu, variant: str | None = None, seed: int = 1234) -> 
     cases = []
     for i in range(n):
         problem = _random_problem(rng)
-        pool = full if i % 2 else valid[problem.dtype]
+        # a variant's rules reject most of the space: three cases in four draw valid configs
+        pool = full if (i % 2 if variant is None else i % 4 == 3) else valid[problem.dtype]
         config = rng.choice(pool)
         for _ in range(20):  # prefer a config whose SPLIT_K fits this K
-            if i % 2 or not violations(config, gpu, problem.dtype, problem.k):
+            if pool is full or not violations(config, gpu, problem.dtype, problem.k):
                 break
             config = rng.choice(pool)
         cases.append((problem, config))
@@ -111,7 +112,7 @@ def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None
 
 @pytest.mark.parametrize("config", [TileConfig(16, 64, 128, 16, 8, 4, 4, "tma"),
                                     TileConfig(16, 64, 128, 16, 8, 4, 4, "persistent"),
-                                    TileConfig(64, 64, 128, 8, 8, 4, 3, "warpspec")])
+                                    TileConfig(64, 64, 128, 8, 8, 4, 3, "persistent")])
 def test_split_k_is_deterministic(config):
     problem = GemmProblem(16, 4096, 4096, dtype="bf16")
     args = make_inputs(problem, "cuda", seed=7)
@@ -129,7 +130,7 @@ def test_persistent_grid_size_never_changes_the_result(variant, programs):
     problem = GemmProblem(1000, 1000, 1000, batch=2, dtype="bf16", b_layout="col", bias=True,
                           activation="gelu")
     args = make_inputs(problem, "cuda", seed=5)
-    config = TileConfig(128, 64, 64, 2, 8, 4, 3, variant)
+    config = TileConfig(128, 64, 64, 2 if variant == "persistent" else 1, 8, 4, 3, variant)
     ref = reference(**args)
     out = launch(args["a"], args["b"], config, bias=args["bias"], activation="gelu", residual=None,
                  programs=programs)
@@ -142,7 +143,7 @@ def test_bf16_epilogues_match_torch():
                               residual=True)
         args = make_inputs(problem, "cuda", seed=3)
         for variant in ("ptr", "tma", "persistent", "warpspec"):
-            config = TileConfig(64, 64, 64, 2, 8, 4, 3, variant)
+            config = TileConfig(64, 64, 64, 1 if variant == "warpspec" else 2, 8, 4, 3, variant)
             try:
                 out = matmul(**args, config=config)
             except InvalidConfigError as exc:  # 1000-wide bf16 rows are 16-byte aligned: never here
