@@ -41,3 +41,18 @@ def test_a_problem_that_cannot_be_set_up_blames_no_config():
             list(pool.run(P, CONFIGS))
         rows = list(pool.run(GemmProblem(32, 64, 64), CONFIGS[:2]))  # a fresh worker serves the next
     assert [r.status for r in rows] == ["ok", "ok"]
+
+
+def test_a_compiler_that_aborts_loses_one_job_not_the_stream():
+    from graphs import GemmProblem
+    from gnn_policy.measure.compile import CompilePool
+    from gnn_policy.space import TileConfig
+    from tests.aborting_compile import compile_or_abort
+
+    problem = GemmProblem(64, 64, 64)
+    configs = [TileConfig(bm, 32, 32) for bm in (32, 16, 64, 128, 16, 32)]
+    with CompilePool(workers=2, timeout_s=1.0, fn=compile_or_abort, grace_s=1.0) as pool:
+        results = list(pool.stream((problem, c) for c in configs))
+    assert [r.config for r in results] == [c.key for c in configs]
+    assert [r.status for r in results] == ["ok", "compile_error", "ok", "ok", "compile_error", "ok"]
+    assert "died" in results[1].error

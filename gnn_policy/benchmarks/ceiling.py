@@ -127,7 +127,7 @@ class _Run:
         self.db, self.gpu, self.args, self.counts = db, gpu, args, counts
         self.deadline = time.monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
-        self.compiler = CompilePool() if real else None
+        self.compiler = CompilePool(timeout_s=40.0) if real else None  # an aborted compile is overdue after 110 s
         self.pool = WorkerPool(args.runner, gpu=gpu.name, timeout_s=120.0, replays=10)
         self.measure = Measurer(db, gpu, self.pool, self.compiler, counts)
 

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import signal
 import time
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from graphs import GemmProblem
 from gnn_policy.space import TileConfig
@@ -95,16 +95,42 @@ def default_workers() -> int:
     return max(1, min(32, (os.cpu_count() or 2) - 1))
 
 
-class CompilePool:
-    """Compile worker processes kept alive across batches (a search measures in many small ones)."""
+def _numbered(job: tuple[int, Any, tuple]) -> tuple[int, CompileResult]:
+    index, fn, args = job
+    return index, fn(args)
 
-    def __init__(self, workers: int | None = None, timeout_s: float = 120.0):
-        self.timeout_s = timeout_s
+
+class CompilePool:
+    """Compile worker processes kept alive across batches (a search measures in many small ones).
+
+    A compiler that aborts (a failed C++ assertion in Triton kills its process; seen on the
+    H200 for some persistent configs) loses its job without a word: the pool starts a new
+    worker, and the job's result is recorded as a `compile_error` once it is overdue.
+    """
+
+    def __init__(self, workers: int | None = None, timeout_s: float = 120.0,
+                 fn: Callable[[tuple], CompileResult] | None = None, grace_s: float = 30.0):
+        self.timeout_s, self.grace_s = timeout_s, grace_s
+        self.fn = fn or compile_one
         self._pool = multiprocessing.get_context("spawn").Pool(workers or default_workers())  # CUDA cannot fork
 
     def stream(self, jobs: Iterable[tuple[GemmProblem, TileConfig]]) -> Iterator[CompileResult]:
         """One CompileResult per job, in job order, while the workers run ahead."""
-        return self._pool.imap(compile_one, ((p, c, self.timeout_s) for p, c in jobs), chunksize=2)
+        jobs = list(jobs)
+        results = self._pool.imap_unordered(
+            _numbered, ((i, self.fn, (p, c, self.timeout_s)) for i, (p, c) in enumerate(jobs)))
+        done: dict[int, CompileResult] = {}
+        for i, (problem, config) in enumerate(jobs):
+            # a live worker answers within its alarm; past twice that, the job's process died
+            overdue = time.monotonic() + 2 * self.timeout_s + self.grace_s
+            while i not in done and time.monotonic() < overdue:
+                try:
+                    index, result = results.next(timeout=max(0.0, overdue - time.monotonic()))
+                    done[index] = result
+                except multiprocessing.TimeoutError:
+                    break
+            yield done.pop(i, None) or CompileResult(problem.key, config.key, "compile_error", 0.0,
+                                                     "the compiler process died (an abort inside Triton)")
 
     def close(self) -> None:
         self._pool.terminate()  # compiles in flight are abandoned
