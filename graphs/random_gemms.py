@@ -36,7 +36,7 @@ import hashlib
 import itertools
 import math
 import random
-from typing import Iterator
+from typing import Callable, Iterator
 
 from graphs.problem import GemmProblem
 
@@ -141,16 +141,20 @@ def stream(seed: int = 0) -> Iterator[GemmProblem]:
             yield p
 
 
-def problems(split: str, count: int, seed: int = 0) -> list[GemmProblem]:
-    """The first `count` distinct problems of `split` in the seed's draw order."""
+def problems(split: str, count: int, seed: int = 0,
+             where: Callable[[GemmProblem], bool] | None = None) -> list[GemmProblem]:
+    """The first `count` distinct problems of `split` in the seed's draw order (of those `where`
+    accepts, when given)."""
     if split not in SPLITS:
         raise KeyError(f"unknown random split {split!r}; known: {', '.join(SPLITS)}")
     if count < 1:
         raise ValueError(f"a random split is endless: ask for a number of problems (got {count})")
     out = []
-    for p in stream(seed):
-        if split_of_shape(p) == split:
+    for i, p in enumerate(stream(seed)):
+        if split_of_shape(p) == split and (where is None or where(p)):
             out.append(p)
             if len(out) == count:
                 return out
-    raise AssertionError("unreachable: the stream is endless")
+        if i >= 1000 * count + 100_000:  # a filter that (almost) nothing passes
+            break
+    raise ValueError(f"only {len(out)} of {count} {split} problems pass the filter in {i + 1} draws")
