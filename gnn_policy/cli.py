@@ -12,6 +12,7 @@ import hardware_specs
 from gnn_policy.args import add_fields, build, flag
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
+from gnn_policy.sweep import SweepArgs
 from gnn_policy.tune import TuneArgs
 from training.bench import BenchArgs
 from training.finetune import FinetuneArgs, FinetuneError
@@ -160,6 +161,13 @@ def run_collect(args: CollectArgs) -> int:
     return 0
 
 
+def run_sweep(args: SweepArgs) -> int:
+    from gnn_policy.sweep import run
+
+    print(json.dumps(run(args), sort_keys=True))
+    return 0
+
+
 def run_pretrain(args: PretrainArgs) -> int:
     from training.pretrain import run  # Lightning loads only for the commands that train
 
@@ -225,6 +233,7 @@ def run_confirm(args: ConfirmArgs) -> int:
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "collect": (CollectArgs, run_collect),
     "confirm": (ConfirmArgs, run_confirm),
+    "sweep": (SweepArgs, run_sweep),
     "pretrain": (PretrainArgs, run_pretrain),
     "meta-pretrain": (MetaPretrainArgs, run_meta_pretrain),
     "tune": (TuneArgs, run_tune),

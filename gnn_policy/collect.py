@@ -211,28 +211,35 @@ def run(args: CollectArgs) -> dict:
         counts["loaded_from_shards"] = load_shipped(db)
         since = db.high_water()
         kernels: set[str] = set()
-        measure_planned(db, gpu, plan(problems, gpu, args), args, counts, deadline, kernels)
+        with worker_pool(gpu, args) as pool:
+            measure_planned(db, gpu, plan(problems, gpu, args), args, counts, deadline, kernels, pool)
         finish_counts(counts, start, kernels)
         if args.shard_dir:
             counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "", since)
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
 
 
-def measure_planned(db, gpu, planned: list[tuple[GemmProblem, list]], args, counts: defaultdict,
-                    deadline: float, kernels: set[str]) -> None:
-    """Measure the pairs of `planned` the database lacks, problem by problem, until `deadline`.
+def worker_pool(gpu, args):
+    """The measuring worker of `args` (runner, timeout, replays), to use as a context manager."""
+    from gnn_policy.measure.workers import WorkerPool
 
-    `args` gives runner, timeout, compile_timeout and replays. Each problem's rows are stored
-    in one transaction; `kernels` gathers the Triton specialisations the compiles used."""
+    return WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays)
+
+
+def measure_planned(db, gpu, planned: list[tuple[GemmProblem, list]], args, counts: defaultdict,
+                    deadline: float, kernels: set[str], pool) -> None:
+    """Measure the pairs of `planned` the database lacks, problem by problem, until `deadline`,
+    in `pool` (a `worker_pool`).
+
+    `args` gives runner and compile_timeout. Each problem's rows are stored in one
+    transaction; `kernels` gathers the Triton specialisations the compiles used."""
     from tqdm import tqdm
 
-    from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
+    from gnn_policy.measure.workers import ProblemSetupError
 
     todo = _missing(db, gpu.name, planned, counts)
     compiled = compile_ahead(todo, args.runner, args.compile_timeout)
-    with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool, \
-            tqdm(total=sum(len(cs) for _, cs in todo), desc=f"measure {gpu.name}", unit="cfg",
-                 smoothing=0.05) as bar:
+    with tqdm(total=sum(len(cs) for _, cs in todo), desc=f"measure {gpu.name}", unit="cfg", smoothing=0.05) as bar:
         for p, configs in todo:
             if time.monotonic() > deadline:
                 counts["stopped_by_time_limit"] = 1
