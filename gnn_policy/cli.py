@@ -12,6 +12,7 @@ import hardware_specs
 from gnn_policy.args import add_fields, build, flag
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
+from gnn_policy.sweep import SweepArgs
 from gnn_policy.tune import TuneArgs
 from training.bench import BenchArgs
 from training.finetune import FinetuneArgs, FinetuneError
@@ -33,10 +34,11 @@ class SpecsArgs:
 
 @dataclasses.dataclass(frozen=True)
 class StatsArgs:
-    """Count the measurements in a database (with the shipped snapshot loaded): per GPU, source and status."""
+    """Count the measurements in a database (with the shipped snapshot loaded): per GPU, source, status and split."""
 
     db: str = flag(str(DEFAULT_PATH), "the SQLite database ($GNN_POLICY_DB)")
-    json: bool = flag(False, "print JSON: gpus -> name -> {real_ok, real_failed, problems, configs}")
+    json: bool = flag(False, "print JSON: gpus -> name -> {real_ok, real_failed, problems, configs}, and "
+                             "splits -> name -> split -> {problems, real_ok, real_failed}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,14 +105,32 @@ def run_stats(args: StatsArgs) -> int:
     with Database(os.path.expanduser(args.db)) as db:
         load_shipped(db)  # the shipped snapshot, loaded once
         stats = db.stats()
+        splits = {gpu: split_counts(db.problem_counts(gpu)) for gpu in stats["gpus"]}
     if args.json:
-        print(json.dumps({"gpus": stats["gpus"]}, indent=1))
+        print(json.dumps({"gpus": stats["gpus"], "splits": splits}, indent=1))
         return 0
     rows = [(name, s["real_ok"], s["real_failed"], s["problems"], s["configs"],
              ", ".join(f"{k}: {v}" for k, v in stats["by_source_status"][name].items()))
             for name, s in stats["gpus"].items()]
     print(_format(("gpu", "real ok", "real failed", "problems", "configs", "rows by source/status"), rows))
+    rows = [(gpu, name, c["problems"], c["real_ok"], c["real_failed"]) for gpu, per in splits.items()
+            for name, c in per.items()]
+    print()
+    print(_format(("gpu", "split", "problems", "real ok", "real failed"), rows))
     return 0
+
+
+def split_counts(counts: Sequence[tuple[Any, int, int]]) -> dict[str, dict[str, int]]:
+    """Per split (graphs.classes.ALL_SPLITS order, empty ones left out): problems and real rows."""
+    from graphs.classes import ALL_SPLITS, split_of
+
+    out = {name: {"problems": 0, "real_ok": 0, "real_failed": 0} for name in ALL_SPLITS}
+    for problem, ok, failed in counts:
+        c = out[split_of(problem)]
+        c["problems"] += 1
+        c["real_ok"] += ok
+        c["real_failed"] += failed
+    return {name: c for name, c in out.items() if c["problems"]}
 
 
 def run_imported(args: ImportedArgs) -> int:
@@ -157,6 +177,13 @@ def run_collect(args: CollectArgs) -> int:
 
     counts = run(args)
     print(json.dumps(counts, sort_keys=True))
+    return 0
+
+
+def run_sweep(args: SweepArgs) -> int:
+    from gnn_policy.sweep import run
+
+    print(json.dumps(run(args), sort_keys=True))
     return 0
 
 
@@ -225,6 +252,7 @@ def run_confirm(args: ConfirmArgs) -> int:
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "collect": (CollectArgs, run_collect),
     "confirm": (ConfirmArgs, run_confirm),
+    "sweep": (SweepArgs, run_sweep),
     "pretrain": (PretrainArgs, run_pretrain),
     "meta-pretrain": (MetaPretrainArgs, run_meta_pretrain),
     "tune": (TuneArgs, run_tune),

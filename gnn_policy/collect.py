@@ -1,16 +1,20 @@
-"""`gnn-policy collect`: measure suite problems x configs into the database, resumably.
+"""`gnn-policy collect`: measure problems x configs into the database, resumably.
 
-Per problem: a stratified random sample of valid configs of the full space (equal shares per
-(variant, SPLIT_K) group, so split-K and TMA are represented whatever their share of the
-space), the named lists (`seed`, `triton_tutorial`, `inductor_mm`) and cuBLAS. Pairs already
-in the database are skipped; each problem's rows are stored in one transaction, so Ctrl-C or
-a kill loses at most the problem in flight.
+Problems come from a suite split (by model family) or a random split (graphs/random_gemms.py).
+Per problem: a stratified random sample of the configs of a space (`--space`, default the full
+one) valid for it, with equal shares per (variant, SPLIT_K) group of whatever variants that
+space has, so split-K and every load variant are represented whatever their share of the
+space; the named lists (`--named`), `default_config` as `gnn_policy.matmul` runs it, and
+cuBLAS. A problem whose strides rule a variant out (TMA on unaligned rows) gets no config of
+that variant. Pairs already in the database are skipped; each problem's rows are stored in
+one transaction, so Ctrl-C or a kill loses at most the problem in flight.
 
 Compiling (about 0.4 s of a CPU core per kernel) costs more than timing (tens of ms), so the
 random samples come from a seeded pool per dtype (`--pool`, itself a stratified random
 sample of the valid space): a kernel compiled for one problem then serves every problem with
 the same specialisation. Kernels compile ahead on all cores but one while the GPU times the
-problems already compiled.
+problems already compiled. A run ends by printing how many specialisations (Triton cache keys)
+its compile jobs needed, and its measurements a minute of wall time and of timing.
 """
 from __future__ import annotations
 
@@ -19,13 +23,15 @@ import itertools
 import random
 import time
 from collections import defaultdict
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from graphs import GemmProblem
+from graphs import GemmProblem, random_gemms
+from graphs.random_gemms import SPLITS as RANDOM_SPLITS
 from graphs.suite import SPLITS, split
 from gnn_policy.args import flag
+from gnn_policy.baselines import default_pick, fits
 from gnn_policy.measure.result import CUBLAS, Measurement
-from gnn_policy.space import NAMED_LISTS, TileConfig, fits_k, space, tma_fits, violations
+from gnn_policy.space import NAMED_LISTS, ConfigSpace, TileConfig, named_list, space
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +40,19 @@ class CollectArgs:
 
     db: str = flag(help="the SQLite database to fill")
     gpu: str = flag("", "GPU spec name (default: the local device)")
-    split: str = flag("train", f"suite split to draw problems from: {', '.join(SPLITS)} or all")
-    problems: int = flag(0, "number of problems, spread evenly over families (0: the whole split)")
+    split: str = flag("train", f"split to draw problems from: a suite split ({', '.join(SPLITS)}) or all, or "
+                               f"a random one ({', '.join(RANDOM_SPLITS)}: graphs/random_gemms.py)")
+    problems: int = flag(0, "number of problems, spread evenly over families (0: the whole split); of a "
+                            "random split, its first N (required)")
     configs: int = flag(200, "random valid configs per problem, stratified by (variant, SPLIT_K)")
     pool: int = flag(1000, "configs per dtype that every problem draws its sample from (0: the whole "
                            "valid space); a shared pool lets one compiled kernel serve many problems")
-    lists: bool = flag(True, "also measure the named lists and cuBLAS")
+    space: str = flag("full", "config space the sample comes from (gnn_policy.space.SPACES); its variants "
+                              "and SPLIT_K values make the strata")
+    lists: bool = flag(True, "also measure the named lists, default_config and cuBLAS")
+    named: tuple[str, ...] = flag(tuple(NAMED_LISTS), "named lists that --lists measures (repeatable)",
+                                  action="append")
+    default: bool = flag(True, "with --lists, also measure default_config as gnn_policy.matmul runs it")
     seed: int = flag(0, "random seed for the problem and config samples")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout")
     compile_timeout: float = flag(120.0, "seconds a config may take to compile before it is a timeout")
@@ -62,12 +75,15 @@ def select_problems(name: str, count: int, seed: int, max_gflop: float = 0.0,
 
     A split's selection is the `all` selection's order restricted to the split, so the first
     problems of a split that `collect --split all` measured are the ones a later
-    `--split test --problems N` (a dense sweep, a bench, a transfer run) selects.
+    `--split test --problems N` (a dense sweep, a bench, a transfer run) selects. A random split
+    has no end: its first `count` problems in the seed's draw order.
     """
     def eligible(p: GemmProblem) -> bool:
         return ((not max_gflop or p.flops <= max_gflop * 1e9) and p.flops > min_gflop * 1e9
                 and (where is None or where(p)))
 
+    if name in RANDOM_SPLITS:
+        return random_gemms.problems(name, count, seed, where=eligible)
     pool = [p for s in (SPLITS if name == "all" else [name]) for p in split(s) if eligible(p)]
     if not count or count >= len(pool):
         return pool
@@ -117,21 +133,40 @@ def config_pool(valid: Sequence[TileConfig], size: int, seed: int) -> list[TileC
     return order[:size] if size else order
 
 
+def _pool(space_: ConfigSpace, gpu, dtype: str, size: int, seed: int) -> tuple[list[TileConfig], Any]:
+    """The dtype's config pool and each config's flat index into the space's masks."""
+    import torch
+
+    points = space_.points
+    valid = [points[i] for i in space_.mask(gpu, dtype).flatten().nonzero().flatten().tolist()]
+    pool = config_pool(valid, size, seed)
+    flat = torch.tensor([_flat_index(space_, c) for c in pool], dtype=torch.long)
+    return pool, flat
+
+
+def _flat_index(space_: ConfigSpace, c: TileConfig) -> int:
+    index = 0
+    for i, size in zip(space_.index(c), space_.shape):
+        index = index * size + i
+    return index
+
+
 def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[GemmProblem, list]]:
     """For each problem, the configs to measure (None stands for cuBLAS), before skipping."""
-    full = list(space("full"))
-    pools = {d: config_pool([c for c in full if not violations(c, gpu, d)], args.pool, args.seed)
-             for d in {p.dtype for p in problems}}
-    named = sorted({c for cs in NAMED_LISTS.values() for c in cs}) if args.lists else []
+    space_ = space(args.space)
+    pools = {d: _pool(space_, gpu, d, args.pool, args.seed) for d in {p.dtype for p in problems}}
+    named = sorted({c for name in args.named for c in named_list(name)}) if args.lists else []
     out = []
     for p in problems:
         rng = random.Random(f"{args.seed}:{p.key}")
-        tma = tma_fits(p)
-        fit = [c for c in pools[p.dtype] if fits_k(c, p.k) and (tma or c.variant != "tma")]
-        configs = stratified_configs(fit, args.configs, rng)
-        chosen = set(configs)
-        configs += [c for c in named if c not in chosen and not violations(c, gpu, p.dtype, p.k)
-                    and (tma or c.variant != "tma")]
+        pool, flat = pools[p.dtype]
+        mask = space_.problem_mask(gpu, p)
+        keep = mask.flatten()[flat].tolist()
+        configs = stratified_configs([c for c, ok in zip(pool, keep) if ok], args.configs, rng)
+        if args.lists:
+            ok, chosen = fits(space_, gpu, p, mask), set(configs)
+            extra = dict.fromkeys([default_pick(p, gpu, ok)] * args.default + named)
+            configs += [c for c in extra if c not in chosen and ok(c)]
         out.append((p, ([None] if args.lists else []) + configs))
     return out
 
@@ -163,11 +198,8 @@ def compile_ahead(jobs, runner: str, timeout_s: float = 120.0) -> Iterator | Non
 
 def run(args: CollectArgs) -> dict:
     """Measure what is missing; returns counts (measured, skipped, per status) and timings."""
-    from tqdm import tqdm
-
     import hardware_specs
     from gnn_policy.database import Database
-    from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
     from gnn_policy.snapshot import export_run, load_shipped
 
     gpu = hardware_specs.resolve(args.gpu)
@@ -178,46 +210,87 @@ def run(args: CollectArgs) -> dict:
     with Database(args.db) as db:
         counts["loaded_from_shards"] = load_shipped(db)
         since = db.high_water()
-        todo = _missing(db, gpu.name, plan(problems, gpu, args), counts)
-        compiled = compile_ahead(todo, args.runner, args.compile_timeout)
-        with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool, \
-                tqdm(total=sum(len(cs) for _, cs in todo), desc=f"collect {gpu.name}", unit="cfg",
-                     smoothing=0.05) as bar:
-            for p, configs in todo:
-                if time.monotonic() > deadline:
-                    counts["stopped_by_time_limit"] = 1
-                    break
-                rows, measure = take_compiled(p, configs, compiled, gpu.name, counts)
-                t0 = time.monotonic()
-                try:
-                    for m, c in zip(pool.run(p, measure), measure):
-                        rows.append((m, p, c))
-                        bar.update(1)
-                        if time.monotonic() > deadline:  # keep what this problem has; the rest resumes
-                            break
-                except ProblemSetupError as exc:  # what was measured stays; the rest is tried again later
-                    tqdm.write(f"stopped {exc}")
-                    counts["problems_failed_setup"] += 1
-                counts["measure_s"] += time.monotonic() - t0
-                bar.update(len(configs) - len(measure))
-                for m, _, _ in rows:
-                    counts[m.status] += 1
-                db.add(rows)
-                counts["measured"] += len(rows)
-                counts["problems_done"] += time.monotonic() <= deadline
-        if compiled is not None:
-            compiled.close()  # stops compiles that a time limit left unused
-        counts["wall_s"] = time.monotonic() - start
-        counts["per_minute"] = counts["measured"] / max(counts["wall_s"], 1e-9) * 60
+        kernels: set[str] = set()
+        with worker_pool(gpu, args) as pool:
+            measure_planned(db, gpu, plan(problems, gpu, args), args, counts, deadline, kernels, pool)
+        finish_counts(counts, start, kernels)
         if args.shard_dir:
             counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "", since)
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
 
 
-def take_compiled(problem: GemmProblem, configs: list, compiled, gpu_name: str, counts: defaultdict):
+def worker_pool(gpu, args):
+    """The measuring worker of `args` (runner, timeout, replays), to use as a context manager."""
+    from gnn_policy.measure.workers import WorkerPool
+
+    return WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays)
+
+
+def measure_planned(db, gpu, planned: list[tuple[GemmProblem, list]], args, counts: defaultdict,
+                    deadline: float, kernels: set[str], pool) -> None:
+    """Measure the pairs of `planned` the database lacks, problem by problem, until `deadline`,
+    in `pool` (a `worker_pool`).
+
+    `args` gives runner and compile_timeout. Each problem's rows are stored in one
+    transaction; `kernels` gathers the Triton specialisations the compiles used."""
+    from tqdm import tqdm
+
+    from gnn_policy.measure.workers import ProblemSetupError
+
+    todo = _missing(db, gpu.name, planned, counts)
+    compiled = compile_ahead(todo, args.runner, args.compile_timeout)
+    with tqdm(total=sum(len(cs) for _, cs in todo), desc=f"measure {gpu.name}", unit="cfg", smoothing=0.05) as bar:
+        for p, configs in todo:
+            if time.monotonic() > deadline:
+                counts["stopped_by_time_limit"] = 1
+                break
+            rows, measure = take_compiled(p, configs, compiled, gpu.name, counts, kernels)
+            t0 = time.monotonic()
+            try:
+                for m, c in zip(pool.run(p, measure), measure):
+                    rows.append((m, p, c))
+                    bar.update(1)
+                    if time.monotonic() > deadline:  # keep what this problem has; the rest resumes
+                        break
+            except ProblemSetupError as exc:  # what was measured stays; the rest is tried again later
+                tqdm.write(f"stopped {exc}")
+                counts["problems_failed_setup"] += 1
+            counts["measure_s"] += time.monotonic() - t0
+            bar.update(len(configs) - len(measure))
+            for m, _, _ in rows:
+                counts[m.status] += 1
+            db.add(rows)
+            counts["measured"] += len(rows)
+            counts["problems_done"] += time.monotonic() <= deadline
+    if compiled is not None:
+        compiled.close()  # stops compiles that a time limit left unused
+
+
+def finish_counts(counts: defaultdict, start: float, kernels: set[str]) -> None:
+    """Add the run's throughput to `counts` and print it in a line (stderr)."""
+    import sys
+
+    counts["wall_s"] = time.monotonic() - start
+    counts["per_minute"] = counts["measured"] / max(counts["wall_s"], 1e-9) * 60
+    counts["per_minute_timing"] = counts["measured"] / max(counts["measure_s"], 1e-9) * 60
+    counts["kernels"] = len(kernels)
+    print(throughput(counts), file=sys.stderr)
+
+
+def throughput(counts: dict) -> str:
+    """The run in one line: measurements against compiles, and where the minutes went."""
+    return (f"{counts['measured']} measurements, {counts['kernels']} Triton specialisations "
+            f"({counts['compile_jobs']} compile jobs, {counts['compile_cpu_s']:.0f} CPU-s compiling); "
+            f"{counts['per_minute']:.0f} a minute of wall time ({counts['wall_s']:.0f} s), "
+            f"{counts['per_minute_timing']:.0f} a minute of timing ({counts['measure_s']:.0f} s); "
+            f"GPU idle waiting for compiles {counts['wait_compile_s']:.0f} s")
+
+
+def take_compiled(problem: GemmProblem, configs: list, compiled, gpu_name: str, counts: defaultdict,
+                  kernels: set[str] | None = None):
     """Take this problem's results from the compile stream (one per config of `configs` that
     is not None, in order): rows for the configs that failed to compile, and the configs left
-    to measure.
+    to measure. `kernels`, when given, gathers the Triton specialisations (cache keys) used.
 
     A config whose variant cannot serve this problem's layout (TMA on unaligned strides) is
     not a valid point for it and gets no row. Waiting here is time the GPU sits idle.
@@ -234,6 +307,9 @@ def take_compiled(problem: GemmProblem, configs: list, compiled, gpu_name: str, 
             continue
         r = next(compiled)
         counts["compile_cpu_s"] += r.seconds
+        counts["compile_jobs"] += 1
+        if kernels is not None and r.kernel:
+            kernels.add(r.kernel)
         if r.status == "ok":
             measure.append(c)
         elif r.status == "invalid":

@@ -37,6 +37,10 @@ class ConfirmArgs:
     runner: str = flag("gnn_policy.measure.runner:measure_configs",
                        "dotted path of the measuring function (package.module:function)")
     shard_dir: str = flag("", "write the re-timings of this run to a new shard here (e.g. data/measurements)")
+    split: str = flag("", "only the problems of this split (a family or random split, graphs.classes); "
+                          "empty: every measured problem")
+    problem: tuple[str, ...] = flag((), "only these problem keys (repeatable); empty: every measured problem",
+                                    action="append")
 
 
 def schedule(contenders: list[str], rounds: int, rng: random.Random) -> list[tuple[int, str]]:
@@ -60,6 +64,7 @@ def run(args: ConfirmArgs) -> dict:
     from tqdm import tqdm
 
     import hardware_specs
+    from graphs.classes import split_of
     from gnn_policy.collect import compile_ahead, take_compiled
     from gnn_policy.database import Database
     from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
@@ -76,6 +81,8 @@ def run(args: ConfirmArgs) -> dict:
         retimed = db.retimed(gpu.name)
         jobs = []
         for p in db.problems(gpu.name):
+            if (args.split and split_of(p) != args.split) or (args.problem and p.key not in args.problem):
+                continue
             wanted = contenders(db.tflops(gpu.name, p.key), args.top)
             if not set(wanted) <= retimed.get(p.key, set()):
                 rng = random.Random(f"{args.seed}:{p.key}")

@@ -19,6 +19,9 @@ class TuneArgs:
     bias: bool = flag(False, "a bias over N is fused")
     activation: str = flag("", "fused activation: relu, gelu or silu")
     residual: bool = flag(False, "a residual add is fused")
+    a_layout: str = flag("row", "A's layout: row (K contiguous) or col (M contiguous)")
+    b_layout: str = flag("row", "B's layout: row (N contiguous) or col (K contiguous: an nn.Linear weight W as W.T)")
+    linear: bool = flag(False, "x @ W.T with an nn.Linear weight W [N, K]: A row-major, B column-major")
     gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
     top_k: int = flag(8, "configs to print")
     checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
@@ -34,7 +37,7 @@ def run(args: TuneArgs) -> dict:
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
     problem = GemmProblem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype, bias=args.bias,
-                          activation=args.activation or None, residual=args.residual)
+                          activation=args.activation or None, residual=args.residual, **layouts(args))
     if args.gpu:
         gpu = hardware_specs.load(args.gpu)
     else:
@@ -49,6 +52,16 @@ def run(args: TuneArgs) -> dict:
     if args.measure:
         out.update(_measure(problem, gpu, [p.config for p in picks], out["picks"]))
     return out
+
+
+def layouts(args: TuneArgs) -> dict[str, str]:
+    """The operand layouts the flags name; --linear is A row-major and B column-major."""
+    if not args.linear:
+        return {"a_layout": args.a_layout, "b_layout": args.b_layout}
+    if (args.a_layout, args.b_layout) not in (("row", "row"), ("row", "col")):
+        raise ValueError(f"--linear means A row-major and B column-major; it contradicts "
+                         f"--a-layout {args.a_layout} --b-layout {args.b_layout}")
+    return {"a_layout": "row", "b_layout": "col"}
 
 
 def _measure(problem, gpu, configs, rows: list[dict]) -> dict:

@@ -58,15 +58,21 @@ def test_stats_counts_a_database(tmp_path):
     from gnn_policy.measure.result import Measurement
     from gnn_policy.space import TileConfig
 
+    from graphs.random_gemms import problems
+
     p, c = GemmProblem(8, 8, 8), TileConfig(16, 16, 16)
+    rand = problems("random-test", 1)[0]
     with Database(tmp_path / "m.sqlite") as db:
         db.add([(Measurement("H200-SXM-141GB", p.key, c.key, "ok", median_ms=1.0, tflops=1.0), p, c),
-                (Measurement("H200-SXM-141GB", p.key, "cublas", "timeout"), p, None)])
+                (Measurement("H200-SXM-141GB", p.key, "cublas", "timeout"), p, None),
+                (Measurement("H200-SXM-141GB", rand.key, c.key, "ok", median_ms=1.0, tflops=1.0), rand, c)])
     res = _cli("stats", "--db", str(tmp_path / "m.sqlite"), "--json")
-    assert json.loads(res.stdout) == {"gpus": {"H200-SXM-141GB": {"real_ok": 1, "real_failed": 1,
-                                                                   "problems": 1, "configs": 2}}}
+    assert json.loads(res.stdout) == {
+        "gpus": {"H200-SXM-141GB": {"real_ok": 2, "real_failed": 1, "problems": 2, "configs": 2}},
+        "splits": {"H200-SXM-141GB": {"random-test": {"problems": 1, "real_ok": 1, "real_failed": 0},
+                                      "other": {"problems": 1, "real_ok": 1, "real_failed": 1}}}}
     table = _cli("stats", "--db", str(tmp_path / "m.sqlite")).stdout
-    assert "real/timeout: 1" in table
+    assert "real/timeout: 1" in table and "random-test" in table
     foreign = tmp_path / "other.sqlite"
     sqlite3.connect(foreign).execute("CREATE TABLE t (x)")
     refused = _cli("stats", "--db", str(foreign))

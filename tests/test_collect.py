@@ -83,3 +83,54 @@ def test_time_limit_starts_no_new_problem_and_a_second_run_finishes(tmp_path):
     assert stopped["stopped_by_time_limit"] == 1 and stopped["measured"] == 0
     finished = run(dataclasses.replace(args, time_limit=0.0))
     assert finished["problems_done"] == 2 and "stopped_by_time_limit" not in finished
+
+
+def test_a_random_split_plan_keeps_tma_off_unaligned_rows_and_measures_the_baselines():
+    from gnn_policy.baselines import default_pick, fits
+    from gnn_policy.space import named_list, tma_fits
+
+    problems = select_problems("random-train", 40, seed=0)
+    assert problems == select_problems("random-train", 40, seed=0) and len({p.key for p in problems}) == 40
+    args = CollectArgs(db="unused", split="random-train", configs=60, named=("triton_tutorial", "inductor_mm"))
+    planned = plan(problems, H200, args)
+    unaligned = [(p, cs) for p, cs in planned if not tma_fits(p)]
+    assert unaligned and all(c.variant == "ptr" for _, cs in unaligned for c in cs[1:])
+    for p, cs in planned:
+        assert cs[0] is None and len(set(cs)) == len(cs)  # cuBLAS first, nothing twice
+        assert default_pick(p, H200, fits(space("full"), H200, p)) in cs
+        assert set(named_list("inductor_mm")) - set(cs) <= {c for c in named_list("inductor_mm") if violations(
+            c, H200, p.dtype, p.k)} and len(cs) <= 1 + 60 + 1 + 16 + 20  # the seed list stays out
+        assert all(not violations(c, H200, p.dtype, p.k) for c in cs[1:])
+    long_k = next(cs for p, cs in planned if tma_fits(p) and p.k >= 4096)
+    assert len(Counter((c.variant, c.split_k) for c in long_k[1:61])) == 10  # every stratum of the space
+
+
+def test_the_strata_come_from_the_space_given():
+    problem = select_problems("random-val", 1, seed=0, where=lambda p: p.k >= 128)[0]
+    (_, configs), = plan([problem], H200, CollectArgs(db="unused", space="seed", configs=30, lists=False))
+    assert len(configs) == 30 and all(c in space("seed") for c in configs)
+    assert Counter(c.split_k for c in configs) == {1: 10, 2: 10, 4: 10}  # the seed space's strata, ptr only
+
+
+def test_collect_on_a_random_split_reports_its_throughput(tmp_path, capsys):
+    args = CollectArgs(db=str(tmp_path / "m.sqlite"), gpu="h200", split="random-test", problems=2, configs=5,
+                       named=("triton_tutorial",), runner="fake_runner:measure", timeout=30)
+    out = run(args)
+    assert out["problems_done"] == 2 and out["measured"] >= 2 * 7 and out["kernels"] == 0
+    assert out["per_minute"] > 0 and "measurements, 0 Triton specialisations" in capsys.readouterr().err
+    with Database(tmp_path / "m.sqlite") as db:
+        assert {p.model for p in db.problems("H200-SXM-141GB")} == {"random"}
+
+
+def test_take_compiled_counts_specialisations_not_jobs():
+    from collections import defaultdict
+
+    from gnn_policy.collect import take_compiled
+    from gnn_policy.measure.compile import CompileResult
+
+    problem = select_problems("random-test", 1, seed=0)[0]
+    configs = [None, *space("seed").points[:3]]
+    results = iter([CompileResult(problem.key, c.key, "ok", 0.5, kernel=k) for c, k in zip(configs[1:], "aab")])
+    counts, kernels = defaultdict(int), set()
+    rows, measure = take_compiled(problem, configs, results, "H200-SXM-141GB", counts, kernels)
+    assert rows == [] and measure == configs and counts["compile_jobs"] == 3 and kernels == {"a", "b"}

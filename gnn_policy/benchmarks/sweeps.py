@@ -32,7 +32,9 @@ def _quantiles(xs: list[float]) -> dict:
 def dense_gain(db: Database, gpu, dense: int, min_configs: int = 1000) -> dict:
     """Sparse-plan best known over dense best known, on the test problems swept densely."""
     problems = select_problems("test", dense, 0)
-    sparse = {p.key: {c.key for c in cs if c is not None} for p, cs in plan(problems, gpu, CollectArgs(db=""))}
+    # the plan as the sparse collection ran it, before default_config joined the lists
+    sparse = {p.key: {c.key for c in cs if c is not None}
+              for p, cs in plan(problems, gpu, CollectArgs(db="", default=False))}
     ratios, sizes, vs_cublas = [], [], []
     for p in problems:
         tf = db.tflops(gpu.name, p.key)

@@ -27,6 +27,7 @@ class CompileResult:
     status: str  # ok | invalid (the variant cannot serve this layout) | compile_error | timeout | oom
     seconds: float
     error: str = ""
+    kernel: str = ""  # Triton's cache key of the compiled specialisation (one per distinct kernel)
 
 
 class CompileTimeout(Exception):
@@ -68,12 +69,14 @@ def compile_one(job: tuple[GemmProblem, TileConfig, float]) -> CompileResult:
     start = time.perf_counter()
     previous = signal.signal(signal.SIGALRM, _alarm)
     _EXPIRED[0] = False
+    kernel = ""
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
             args = _inputs(problem)
-            compile_kernel(args["a"], args["b"], config, bias=args["bias"],
-                           activation=args["activation"], residual=args["residual"])
+            compiled = compile_kernel(args["a"], args["b"], config, bias=args["bias"],
+                                      activation=args["activation"], residual=args["residual"])
+            kernel = getattr(compiled, "hash", "") or ""
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)  # disarmed before any handler below runs
         status, error = "ok", ""
@@ -87,7 +90,7 @@ def compile_one(job: tuple[GemmProblem, TileConfig, float]) -> CompileResult:
             status = "oom"
     finally:
         signal.signal(signal.SIGALRM, previous)
-    return CompileResult(problem.key, config.key, status, time.perf_counter() - start, error)
+    return CompileResult(problem.key, config.key, status, time.perf_counter() - start, error, kernel)
 
 
 def default_workers() -> int:

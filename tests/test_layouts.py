@@ -1,0 +1,61 @@
+"""Layouts reach the user: tune's layout flags, and matmul asks the policy about the layouts it got."""
+import pytest
+import torch
+
+from gnn_policy import ops
+from gnn_policy.cli import parse
+from gnn_policy.kernels.reference import reference, relative_error
+from gnn_policy.policy import Pick
+from gnn_policy.space import TileConfig
+from gnn_policy.tune import layouts
+
+
+class RecordingPolicy:
+    """Answers every problem with one small config and remembers what it was asked."""
+
+    def __init__(self):
+        self.asked = []
+
+    def top_k(self, problem, gpu, k):
+        self.asked.append(problem)
+        return [Pick(TileConfig(16, 16, 16, num_stages=2), 1.0, 1.0)]
+
+
+@pytest.fixture
+def policy(monkeypatch):
+    ops.policy_config.cache_clear()
+    recording = RecordingPolicy()
+    monkeypatch.setattr(ops, "_policy", lambda: recording)
+    yield recording
+    ops.policy_config.cache_clear()
+
+
+def test_matmul_asks_the_policy_about_a_column_major_weight(policy):
+    x = torch.randn(12, 40, dtype=torch.float16)
+    w = torch.randn(24, 40, dtype=torch.float16)  # nn.Linear's weight [N, K]: w.t() is column-major
+    out = ops.matmul(x, w.t())
+    assert relative_error(out, reference(x, w.t())) < 1e-2
+    ops.matmul(x, w.t().contiguous())
+    ops.matmul(w, x.t())  # now A [24, 40] row-major and B column-major again, another shape
+    ops.matmul(x.t().contiguous().t(), w.t())  # a column-major A
+    seen = [(p.m, p.n, p.k, p.a_layout, p.b_layout) for p in policy.asked]
+    assert seen == [(12, 24, 40, "row", "col"), (12, 24, 40, "row", "row"), (24, 12, 40, "row", "col"),
+                    (12, 24, 40, "col", "col")]
+
+
+def test_tune_takes_layouts_and_the_linear_shorthand():
+    _, args = parse(["tune", "--m", "16", "--n", "4096", "--k", "4096", "--linear"])
+    assert layouts(args) == {"a_layout": "row", "b_layout": "col"}
+    _, args = parse(["tune", "--m", "16", "--n", "64", "--k", "64", "--a-layout", "col", "--b-layout", "col"])
+    assert layouts(args) == {"a_layout": "col", "b_layout": "col"}
+    _, args = parse(["tune", "--m", "16", "--n", "64", "--k", "64", "--linear", "--a-layout", "col"])
+    with pytest.raises(ValueError, match="contradicts"):
+        layouts(args)
+
+
+def test_tune_ranks_the_problem_in_the_layouts_given():
+    from gnn_policy.tune import run
+
+    _, args = parse(["tune", "--m", "16", "--n", "4096", "--k", "4096", "--linear", "--top-k", "2"])
+    out = run(args)
+    assert out["problem"] == "1x16x4096x4096_bf16_rc" and len(out["picks"]) == 2
