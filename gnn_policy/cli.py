@@ -208,10 +208,16 @@ def run_transfer(args: TransferArgs) -> int:
 
 
 def run_tune(args: TuneArgs) -> int:
-    from gnn_policy.tune import run, table
+    from graphs.model_config import ConfigError
+    from gnn_policy.model_tune import ModelSpecError, table as model_table
+    from gnn_policy.tune import TuneError, run, table
 
-    out = run(args)
-    print(json.dumps(out, indent=1) if args.json else table(out))
+    try:
+        out = run(args)
+    except (ConfigError, ModelSpecError, TuneError) as exc:
+        print(f"gnn-policy tune: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=1) if args.json else (model_table if args.model else table)(out))
     return 0
 
 

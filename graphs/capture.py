@@ -8,8 +8,8 @@ context (what feeds it, what consumes it), which the policy's graph encoder read
 the operands' as stored: an `nn.Linear` weight ([out, in], contiguous) is a column-major B.
 
 `capture_model` also lists what holds GEMMs the template cannot run: leaf modules such as
-convolutions or `nn.MultiheadAttention` (fx does not trace into torch.nn's own modules), and
-GEMMs in dtypes other than fp16, bf16 and fp32.
+convolutions or `nn.MultiheadAttention` (fx does not trace into torch.nn's own modules),
+`scaled_dot_product_attention`, and GEMMs in dtypes other than fp16, bf16 and fp32.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # torch.nn modules that run GEMMs of their own, out of the template's reach
 _OPAQUE = (torch.nn.modules.conv._ConvNd, torch.nn.MultiheadAttention, torch.nn.Bilinear,
            torch.nn.RNNBase, torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
+_OPAQUE_FUNCS = {F.scaled_dot_product_attention: "attention: its GEMMs run inside the attention kernel"}
 _GEMM_FUNCS = {torch.matmul: "matmul", operator.matmul: "matmul", torch.bmm: "bmm",
                torch.mm: "matmul", F.linear: "linear", torch.addmm: "addmm"}
 
@@ -135,6 +136,8 @@ def capture_model(module: torch.nn.Module, example_inputs: tuple) -> tuple[list[
     for node in gm.graph.nodes:
         if node.op == "call_module" and isinstance(modules[node.target], _OPAQUE):
             skipped.append((_layer(node), f"{type(modules[node.target]).__name__}: its GEMMs run inside the module"))
+        if node.op == "call_function" and node.target in _OPAQUE_FUNCS:
+            skipped.append((_layer(node), _OPAQUE_FUNCS[node.target]))
         shape = _gemm_shape(node, modules)
         if shape is None:
             continue
