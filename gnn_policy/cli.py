@@ -12,6 +12,7 @@ import hardware_specs
 from gnn_policy.args import add_fields, build, flag
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
+from gnn_policy.export import ExportArgs
 from gnn_policy.tune import TuneArgs
 from training.bench import BenchArgs
 from training.finetune import FinetuneArgs, FinetuneError
@@ -221,6 +222,27 @@ def run_tune(args: TuneArgs) -> int:
     return 0
 
 
+def run_export(args: ExportArgs) -> int:
+    from graphs.model_config import ConfigError
+    from gnn_policy.export import ExportError, run
+    from gnn_policy.model_tune import ModelSpecError
+
+    try:
+        out = run(args)
+    except (ConfigError, ModelSpecError, ExportError) as exc:
+        print(f"gnn-policy export: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{args.format} configs for {out['gpu']} from {out['source']}:")
+    for name, keys in out["written"].items():
+        print(f"  {name}: {len(keys)} {'token counts' if args.format == 'vllm' else 'problems'}")
+    for s in out["skipped"]:
+        print(f"skipped: {s['what']}: {s['why']}")
+    return 0
+
+
 def run_confirm(args: ConfirmArgs) -> int:
     from gnn_policy.confirm import run
 
@@ -234,6 +256,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "pretrain": (PretrainArgs, run_pretrain),
     "meta-pretrain": (MetaPretrainArgs, run_meta_pretrain),
     "tune": (TuneArgs, run_tune),
+    "export": (ExportArgs, run_export),
     "bench": (BenchArgs, run_bench),
     "finetune": (FinetuneArgs, run_finetune),
     "transfer": (TransferArgs, run_transfer),

@@ -40,7 +40,8 @@ def parse_tokens(text: str) -> list[int]:
     return tokens
 
 
-def _is_config(spec: str) -> bool:
+def is_config(spec: str) -> bool:
+    """Whether SPEC names a config.json (or a shipped example) rather than module:function."""
     return spec.endswith(".json") or Path(spec).is_file() or spec in examples()
 
 
@@ -84,7 +85,7 @@ def _captured(spec: str, call: Any, tokens: int | None) -> tuple[list[tuple[int 
 
 def model_gemm_list(spec: str, tokens: Sequence[int] | None, dtype: str) -> tuple[str, list, list[tuple[str, str]]]:
     """(model name, [(tokens, layer, problem, calls per forward)], [(what, why) skipped]) of a SPEC."""
-    if _is_config(spec):
+    if is_config(spec):
         model = load_config(spec)
         calls = [(t, g.layer, g.problem, g.count) for t in (tokens or DEFAULT_TOKENS)
                  for g in model_gemms(model, t, dtype)]
