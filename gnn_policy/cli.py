@@ -98,11 +98,20 @@ def run_specs(args: SpecsArgs) -> int:
 
 
 def run_stats(args: StatsArgs) -> int:
+    import time
+
     from gnn_policy.database import Database
-    from gnn_policy.snapshot import load_shipped
+    from gnn_policy.snapshot import load_shipped, pending
 
     with Database(os.path.expanduser(args.db)) as db:
-        load_shipped(db)  # the shipped snapshot, loaded once
+        todo = pending(db)
+        if todo:  # the first use of a database: loading takes a while, so say what is happening
+            print(f"gnn-policy stats: loading {len(todo)} shards of the shipped snapshot into {args.db} "
+                  "(once per database)...", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            rows = load_shipped(db)
+            print(f"gnn-policy stats: loaded {rows} rows in {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr, flush=True)
         stats = db.stats()
     if args.json:
         print(json.dumps({"gpus": stats["gpus"]}, indent=1))
