@@ -154,12 +154,12 @@ def _done(path: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     ns = parse(argv)
-    for env in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # cold caches: compile times as a first run has them
-        os.environ.setdefault(env, tempfile.mkdtemp(prefix=env.lower() + "-"))
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("model_e2e needs a CUDA GPU: it times blocks on the device")
+    for env in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # cold caches: compile times as a first run has them
+        os.environ.setdefault(env, tempfile.mkdtemp(prefix=env.lower() + "-"))
     import hardware_specs
     from gnn_policy import ops
 
