@@ -141,6 +141,8 @@ def run(args: Any) -> dict:
     from gnn_policy import calibration
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
+    if args.measure:
+        _need_cuda()
     tokens = parse_tokens(args.tokens) if args.tokens else None
     name, calls, left_out = model_gemm_list(args.model, tokens, args.dtype)
     gpu = gpu_of(args.gpu)
@@ -164,13 +166,17 @@ def run(args: Any) -> dict:
     return out
 
 
-def measure_rows(rows: list[dict], gpu: Any) -> list[dict]:
-    """Time every row's pick and cuBLAS (plus its epilogue in torch) on the local GPU; returns
-    the model's GEMM time per token count both ways, each row weighed by its calls."""
+def _need_cuda() -> None:
     import torch
 
     if not torch.cuda.is_available():
         raise ModelSpecError("--measure needs a CUDA GPU; without one, tune only predicts")
+
+
+def measure_rows(rows: list[dict], gpu: Any) -> list[dict]:
+    """Time every row's pick and cuBLAS (plus its epilogue in torch) on the local GPU; returns
+    the model's GEMM time per token count both ways, each row weighed by its calls."""
+    _need_cuda()
     from gnn_policy.measure.runner import measure_configs
     from gnn_policy.space import TileConfig
 
