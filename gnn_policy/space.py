@@ -15,7 +15,11 @@ from typing import Any, Iterator
 
 from hardware_specs import GpuSpec
 
-VARIANTS = ("ptr", "tma")
+# ptr: pointer loads; tma: TMA loads, one program per tile; persistent: TMA loads, about one
+# program per SM looping over tiles; warpspec: persistent with Triton's warp specialisation.
+VARIANTS = ("ptr", "tma", "persistent", "warpspec")
+TMA_VARIANTS = ("tma", "persistent", "warpspec")  # need the GPU's TMA and 16-byte aligned strides
+PERSISTENT_VARIANTS = ("persistent", "warpspec")
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 # The accumulator lives in registers: past this many fp32 values per thread ptxas spills.
 # Measured on the H200 (triton 3.6, bf16): every config with more spilled, none with fewer.
@@ -70,7 +74,8 @@ class TileConfig:
 
         return triton.Config(
             {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
-             "SPLIT_K": self.split_k, "GROUP_M": self.group_m, "USE_TMA": self.variant == "tma"},
+             "SPLIT_K": self.split_k, "GROUP_M": self.group_m, "USE_TMA": self.variant == "tma",
+             "VARIANT": self.variant},
             num_warps=self.num_warps, num_stages=self.num_stages)
 
     @classmethod
@@ -79,7 +84,7 @@ class TileConfig:
         return cls(block_m=kw["BLOCK_M"], block_n=kw["BLOCK_N"], block_k=kw["BLOCK_K"],
                    split_k=kw.get("SPLIT_K", 1), group_m=kw.get("GROUP_M", 8),
                    num_warps=config.num_warps, num_stages=config.num_stages,
-                   variant="tma" if kw.get("USE_TMA") else "ptr")
+                   variant=kw.get("VARIANT", "tma" if kw.get("USE_TMA") else "ptr"))
 
     def to_vllm(self) -> dict[str, Any]:
         """vLLM / SGLang tuned-config JSON keys (SGLang's `USE_TMA` marks the TMA variant)."""
@@ -88,8 +93,10 @@ class TileConfig:
                                "num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.split_k != 1:
             out["SPLIT_K"] = self.split_k
-        if self.variant == "tma":
+        if self.variant in TMA_VARIANTS:
             out["USE_TMA"] = True
+        if self.variant in PERSISTENT_VARIANTS:
+            out["VARIANT"] = self.variant  # ours alone: vLLM and SGLang ignore unknown keys
         return out
 
     @classmethod
@@ -102,17 +109,21 @@ class TileConfig:
         return cls(block_m=entry["BLOCK_SIZE_M"], block_n=entry["BLOCK_SIZE_N"],
                    block_k=entry["BLOCK_SIZE_K"], split_k=entry.get("SPLIT_K", 1),
                    group_m=entry.get("GROUP_SIZE_M", 1), num_warps=entry["num_warps"],
-                   num_stages=entry["num_stages"], variant="tma" if entry.get("USE_TMA") else "ptr")
+                   num_stages=entry["num_stages"],
+                   variant=entry.get("VARIANT", "tma" if entry.get("USE_TMA") else "ptr"))
 
     def smem_bytes(self, dtype: str) -> int:
         """Shared memory the software pipeline holds: one A and one B tile per stage."""
         return (self.block_m + self.block_n) * self.block_k * self.num_stages * DTYPE_BYTES[dtype]
 
     def acc_per_thread(self) -> float:
-        return self.block_m * self.block_n / (32 * self.num_warps)
+        """fp32 accumulators per thread of the warps that hold the tile: a warp-specialised
+        kernel's two consumer warp groups of `num_warps` each (its producer holds none)."""
+        holders = 2 * self.num_warps if self.variant == "warpspec" else self.num_warps
+        return self.block_m * self.block_n / (32 * holders)
 
 
-_KEY_RE = re.compile(r"bm(\d+)_bn(\d+)_bk(\d+)_sk(\d+)_gm(\d+)_w(\d+)_s(\d+)_(ptr|tma)")
+_KEY_RE = re.compile(r"bm(\d+)_bn(\d+)_bk(\d+)_sk(\d+)_gm(\d+)_w(\d+)_s(\d+)_(" + "|".join(VARIANTS) + ")")
 _EXAMPLE_KEY = "bm128_bn128_bk64_sk1_gm8_w4_s3_ptr"
 
 
@@ -146,11 +157,42 @@ def violations(config: TileConfig, gpu: GpuSpec, dtype: str, k: int | None = Non
     if acc < 2:
         out.append(Violation("warps", f"{config.num_warps} warps for a {config.block_m}x{config.block_n} "
                              f"tile leave threads without accumulators; use fewer warps"))
-    if config.variant == "tma" and not gpu.has("tma"):
+    if config.variant in TMA_VARIANTS and not gpu.has("tma"):
         out.append(Violation("tma", f"{gpu.name} has no Tensor Memory Accelerator"))
+    out += _persistent_violations(config, gpu, dtype)
     if k is not None and not fits_k(config, k):
         out.append(Violation("split_k", f"SPLIT_K={config.split_k} exceeds the "
                              f"{math.ceil(k / config.block_k)} BLOCK_K={config.block_k} tiles of K={k}"))
+    return out
+
+
+def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list[Violation]:
+    """Rules of the persistent variants, from compiling them for sm_90 (triton 3.6)."""
+    out: list[Violation] = []
+    if config.variant == "warpspec":
+        # Triton's Hopper pass specialises only 4-warp kernels whose tile splits into two
+        # 64-row halves; others compile unspecialised, i.e. as the `persistent` variant.
+        if config.num_warps != 4:
+            out.append(Violation("warpspec", f"warp specialisation needs num_warps=4 (got {config.num_warps}); "
+                                 "Triton leaves other kernels unspecialised"))
+        if config.block_m < 64:
+            out.append(Violation("warpspec", f"warp specialisation needs BLOCK_M >= 64 (got {config.block_m})"))
+        # Compiled for the H200 (benchmarks.resources, 2026-12-04): with split-K, 6 of 16
+        # accepted configs spilled (up to 128 registers) and one did not compile.
+        if config.split_k > 1:
+            out.append(Violation("warpspec", "warp specialisation runs SPLIT_K=1 only; the persistent "
+                                 "and tma variants split K"))
+    if config.variant in PERSISTENT_VARIANTS:
+        pipeline = config.smem_bytes(dtype)
+        tile = config.block_m * config.block_n
+        # Besides the pipeline: the output tile staged for the TMA store (kept apart, since
+        # the next tile's loads are in flight meanwhile), the fp32 split-K partial staged for
+        # its store, and the barriers.
+        extra = tile * DTYPE_BYTES[dtype] * (config.variant == "persistent") + tile * 4 * (config.split_k > 1) + 1024
+        if pipeline <= gpu.smem_per_block_bytes < pipeline + extra:
+            out.append(Violation("smem", f"needs {pipeline + extra} bytes of shared memory per block "
+                                 f"(pipeline {pipeline}, epilogue {extra}), {gpu.name} allows "
+                                 f"{gpu.smem_per_block_bytes}"))
     return out
 
 
@@ -228,8 +270,10 @@ class ConfigSpace:
         if not tma_fits(problem) and "variant" in self.values:
             names = [n for n, _ in self.knobs]
             index = [slice(None)] * len(names)
-            index[names.index("variant")] = self.values["variant"].index("tma")
-            out[tuple(index)] = False
+            for variant in TMA_VARIANTS:
+                if variant in self.values["variant"]:
+                    index[names.index("variant")] = self.values["variant"].index(variant)
+                    out[tuple(index)] = False
         return out
 
 
@@ -259,11 +303,16 @@ def _space(name: str, **knobs: tuple[Any, ...]) -> ConfigSpace:
     return ConfigSpace(name, tuple(knobs.items()))
 
 
+_TILES = dict(block_m=(16, 32, 64, 128, 256), block_n=(16, 32, 64, 128, 256),
+              block_k=(16, 32, 64, 128, 256), split_k=(1, 2, 4, 8, 16), group_m=(1, 4, 8, 16),
+              num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4, 5, 6))
+
 SPACES: dict[str, ConfigSpace] = {
-    # DESIGN.md's Hopper target space, with both load variants of the template.
-    "full": _space("full", block_m=(16, 32, 64, 128, 256), block_n=(16, 32, 64, 128, 256),
-                   block_k=(16, 32, 64, 128, 256), split_k=(1, 2, 4, 8, 16), group_m=(1, 4, 8, 16),
-                   num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4, 5, 6), variant=VARIANTS),
+    # DESIGN.md's Hopper target space with the two one-program-per-tile variants: the space of
+    # the shipped checkpoints, kept as it was so that they load and rank unchanged.
+    "full": _space("full", **_TILES, variant=("ptr", "tma")),
+    # The same knobs with every variant of the template.
+    "hopper": _space("hopper", **_TILES, variant=VARIANTS),
     # The seed project's space: 96 points; its warps and stages were Triton's defaults (4, 3).
     "seed": _space("seed", block_m=(16, 32, 64, 128), block_n=(16, 32, 64, 128), block_k=(16, 32),
                    split_k=(1, 2, 4), group_m=(8,), num_warps=(4,), num_stages=(3,), variant=("ptr",)),

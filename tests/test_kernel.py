@@ -32,11 +32,16 @@ CASES = [
     (P(24, 40, 72, batch=3, dtype="fp16", a_layout="col", bias=True), T(16, 16, 32, 2, 8, 2, 2, "tma")),
     (P(50, 30, 140, batch=2, dtype="fp32", b_layout="col", residual=True), T(32, 32, 32, 4, 4, 4, 2, "ptr")),
     (P(128, 128, 96, dtype="fp16", bias=True, activation="gelu"), T(64, 128, 128, 1, 8, 8, 3, "tma")),
+    # the persistent variants: a few programs loop over every (batch, tile, K slice) unit
+    (P(70, 50, 72, batch=2, dtype="fp16", b_layout="col", bias=True, activation="silu"),
+     T(32, 16, 16, 2, 4, 4, 2, "persistent")),
+    (P(65, 40, 64, dtype="fp32", b_layout="col", residual=True), T(64, 32, 32, 1, 8, 4, 3, "warpspec")),
+    (P(33, 48, 104, batch=3, dtype="fp16", activation="gelu"), T(64, 16, 32, 1, 1, 4, 1, "warpspec")),
 ]
 
 
 def test_cases_cover_every_knob_value():
-    for name, values in space("full").values.items():
+    for name, values in space("hopper").values.items():
         used = {getattr(c, name) for _, c in CASES}
         assert set(values) <= used, f"{name}: {set(values) - used} never used"
 

@@ -26,6 +26,7 @@ from gnn_policy.measure.compile import precompile  # noqa: E402
 from gnn_policy.measure.inputs import TORCH_DTYPES, make_inputs  # noqa: E402
 
 CASES = int(os.environ.get("GNN_POLICY_GPU_CASES", "480"))
+VARIANT_CASES = int(os.environ.get("GNN_POLICY_GPU_VARIANT_CASES", "320"))
 DIMS = (1, 7, 16, 33, 64, 100, 128, 255, 256, 1000, 1024, 2048)
 
 
@@ -38,18 +39,20 @@ def _random_problem(rng: random.Random) -> GemmProblem:
         residual=rng.random() < 0.2)
 
 
-def _random_cases(n: int, gpu) -> list[tuple[GemmProblem, TileConfig]]:
-    """Half the configs from the whole space (most break a rule somewhere), half valid."""
-    rng = random.Random(1234)
-    full = list(space("full"))
+def _random_cases(n: int, gpu, variant: str | None = None, seed: int = 1234) -> list[tuple[GemmProblem, TileConfig]]:
+    """Half the configs from the whole space (most break a rule somewhere), half valid;
+    with `variant`, only configs of that variant of the `hopper` space."""
+    rng = random.Random(seed)
+    full = list(space("full")) if variant is None else [c for c in space("hopper") if c.variant == variant]
     valid = {d: [c for c in full if not violations(c, gpu, d)] for d in ("bf16", "fp16", "fp32")}
     cases = []
     for i in range(n):
         problem = _random_problem(rng)
-        pool = full if i % 2 else valid[problem.dtype]
+        # a variant's rules reject most of the space: three cases in four draw valid configs
+        pool = full if (i % 2 if variant is None else i % 4 == 3) else valid[problem.dtype]
         config = rng.choice(pool)
         for _ in range(20):  # prefer a config whose SPLIT_K fits this K
-            if i % 2 or not violations(config, gpu, problem.dtype, problem.k):
+            if pool is full or not violations(config, gpu, problem.dtype, problem.k):
                 break
             config = rng.choice(pool)
         cases.append((problem, config))
@@ -64,8 +67,18 @@ def test_detect_matches_the_device():
 
 
 def test_random_cases_are_correct_or_rejected_up_front():
+    _check_cases(_random_cases(CASES, hardware_specs.detect()), os.environ.get("GNN_POLICY_GPU_REPORT"))
+
+
+@pytest.mark.parametrize("variant", ["persistent", "warpspec"])
+def test_persistent_variants_are_correct_or_rejected_up_front(variant):
+    report = os.environ.get("GNN_POLICY_GPU_REPORT")
+    _check_cases(_random_cases(VARIANT_CASES, hardware_specs.detect(), variant, seed=99),
+                 report and report.replace(".json", f"_{variant}.json"))
+
+
+def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None) -> None:
     gpu = hardware_specs.detect()
-    cases = _random_cases(CASES, gpu)
     precompile([(p, [c]) for p, c in cases if not violations(c, gpu, p.dtype, p.k)], progress=False)
     record, failures = [], []
     for i, (problem, config) in enumerate(cases):
@@ -88,22 +101,40 @@ def test_random_cases_are_correct_or_rejected_up_front():
         record.append(entry)
         if not ok:
             failures.append(entry)
-    if os.environ.get("GNN_POLICY_GPU_REPORT"):
-        with open(os.environ["GNN_POLICY_GPU_REPORT"], "w") as f:
+    if report:
+        with open(report, "w") as f:
             json.dump(record, f, indent=1)
     counts = {o: sum(r["outcome"] == o for r in record) for o in ("correct", "rejected", "wrong", "failed")}
     print("gpu cases:", counts)
-    assert counts["correct"] >= 0.4 * CASES, counts
+    assert counts["correct"] >= 0.4 * len(cases), counts
     assert not failures, failures[:10]
 
 
-def test_split_k_is_deterministic():
+@pytest.mark.parametrize("config", [TileConfig(16, 64, 128, 16, 8, 4, 4, "tma"),
+                                    TileConfig(16, 64, 128, 16, 8, 4, 4, "persistent"),
+                                    TileConfig(64, 64, 128, 8, 8, 4, 3, "persistent")])
+def test_split_k_is_deterministic(config):
     problem = GemmProblem(16, 4096, 4096, dtype="bf16")
     args = make_inputs(problem, "cuda", seed=7)
-    config = TileConfig(16, 64, 128, 16, 8, 4, 4, "tma")
     first = matmul(**args, config=config)
     for _ in range(5):
         assert torch.equal(matmul(**args, config=config), first)
+
+
+@pytest.mark.parametrize("variant", ["persistent", "warpspec"])
+@pytest.mark.parametrize("programs", [1, 7, 132, 10_000])
+def test_persistent_grid_size_never_changes_the_result(variant, programs):
+    """Any grid, from one program looping over every unit to more programs than units."""
+    from gnn_policy.kernels.launch import launch
+
+    problem = GemmProblem(1000, 1000, 1000, batch=2, dtype="bf16", b_layout="col", bias=True,
+                          activation="gelu")
+    args = make_inputs(problem, "cuda", seed=5)
+    config = TileConfig(128, 64, 64, 2 if variant == "persistent" else 1, 8, 4, 3, variant)
+    ref = reference(**args)
+    out = launch(args["a"], args["b"], config, bias=args["bias"], activation="gelu", residual=None,
+                 programs=programs)
+    assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
 
 
 def test_bf16_epilogues_match_torch():
@@ -111,8 +142,8 @@ def test_bf16_epilogues_match_torch():
         problem = GemmProblem(200, 1000, 1000, dtype="bf16", bias=True, activation=activation,
                               residual=True)
         args = make_inputs(problem, "cuda", seed=3)
-        for variant in ("ptr", "tma"):
-            config = TileConfig(64, 64, 64, 2, 8, 4, 3, variant)
+        for variant in ("ptr", "tma", "persistent", "warpspec"):
+            config = TileConfig(64, 64, 64, 1 if variant == "warpspec" else 2, 8, 4, 3, variant)
             try:
                 out = matmul(**args, config=config)
             except InvalidConfigError as exc:  # 1000-wide bf16 rows are 16-byte aligned: never here

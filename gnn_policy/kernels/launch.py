@@ -12,7 +12,8 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gnn_policy.kernels.matmul import ACTIVATIONS, even_k, grid, matmul_kernel, workspace_shape
-from gnn_policy.space import TileConfig, Violation
+from gnn_policy.kernels.persistent import persistent_kernel, units
+from gnn_policy.space import PERSISTENT_VARIANTS, TMA_VARIANTS, TileConfig, Violation
 
 TMA_ALIGN = 16  # bytes: base address and every non-innermost stride of a tensor map
 
@@ -153,7 +154,7 @@ def _tma_args(config: TileConfig, pa: Operand, pb: Operand, k: int, batch: int) 
 
 
 def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
-    """Output, grid and kernel arguments for one call.
+    """Kernel, output, grid, arguments and meta-parameters for one call.
 
     `compile_only` stands one-element buffers in for the split-K workspace and counters: the
     kernel's specialisation depends on their dtype and alignment, not their size, and a
@@ -167,7 +168,7 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
     c3 = c.view(batch, m, n)
     t = dict(a_desc=None, b_desc=None, a_rows=0, b_rows=0, A_K_MAJOR=True, B_K_MAJOR=False,
              MASK_A_K=False, MASK_B_K=False)
-    if config.variant == "tma":
+    if config.variant in TMA_VARIANTS:
         t = _tma_args(config, pa, pb, k, batch)
     g = grid(config, m, n, batch)
     ws = lock = c
@@ -177,41 +178,100 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
     elif config.split_k > 1:
         ws = torch.empty(workspace_shape(config, m, n, batch), device=a.device, dtype=torch.float32)
         lock = tile_counters(a.device, batch * g[0])
-    c_desc, c_rows = _output_descriptor(c3, config) if config.variant == "tma" else (None, 0)
+    tma_store = config.variant in TMA_VARIANTS and config.variant != "warpspec"  # see persistent.py
+    c_desc, c_rows = _output_descriptor(c3, config) if tma_store else (None, 0)
     r = residual.expand(c.shape).reshape(batch, m, n) if residual is not None else None
     rs = r.stride() if r is not None else (0, 0, 0)
-    args = (a, b, t.pop("a_desc"), t.pop("b_desc"), c3, c_desc, c if bias is None else bias,
-            c if r is None else r, ws, lock, m, n, k, pa.batch_stride, a.stride(-2), a.stride(-1),
-            pb.batch_stride, b.stride(-2), b.stride(-1), *c3.stride(), *rs,
-            t.pop("a_rows"), t.pop("b_rows"), c_rows)
+    epilogue = (c if bias is None else bias, c if r is None else r, ws, lock)
     meta = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                SPLIT_K=config.split_k, GROUP_M=config.group_m, USE_TMA=config.variant == "tma",
-                EVEN_K=even_k(config, k), ACTIVATION=ACTIVATIONS[activation],
+                SPLIT_K=config.split_k, GROUP_M=config.group_m, ACTIVATION=ACTIVATIONS[activation],
                 HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                 TMA_STORE=c_desc is not None, DOT_PRECISION=_dot_precision(a),
-                num_warps=config.num_warps, num_stages=config.num_stages, **t)
-    return c, g, args, meta
+                num_warps=config.num_warps, num_stages=config.num_stages)
+    descs = (t.pop("a_desc"), t.pop("b_desc"))
+    rows = (t.pop("a_rows"), t.pop("b_rows"), c_rows)
+    if config.variant in PERSISTENT_VARIANTS:
+        args = (*descs, c3, c_desc, *epilogue, m, n, k, batch, 1, *c3.stride(), *rs, *rows)
+        meta.update(WARP_SPECIALIZE=config.variant == "warpspec", **t)
+        return persistent_kernel, c, (1,), args, meta
+    args = (a, b, *descs, c3, c_desc, *epilogue, m, n, k, pa.batch_stride, a.stride(-2),
+            a.stride(-1), pb.batch_stride, b.stride(-2), b.stride(-1), *c3.stride(), *rs, *rows)
+    meta.update(USE_TMA=config.variant == "tma", EVEN_K=even_k(config, k), **t)
+    return matmul_kernel, c, g, args, meta
+
+
+_PROGRAMS_ARG = 12  # index of `num_programs` in persistent_kernel's arguments
+_STREAM_SMS: dict[int, int] = {}
+_RESIDENT: dict[tuple, int] = {}
+
+
+def set_stream_sms(stream: torch.cuda.Stream, sm_count: int) -> None:
+    """Tell persistent launches on `stream` (an SM slice's) how many SMs they may fill."""
+    _STREAM_SMS[stream.stream_id] = sm_count
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter runs programs one after another: a few exercise the loop
+    stream = torch.cuda.current_stream(device).stream_id
+    return _STREAM_SMS.get(stream) or torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _resident(compiled: Any, device: torch.device) -> int:
+    """Programs of this compiled kernel one SM holds at once (shared memory, threads, registers)."""
+    props = torch.cuda.get_device_properties(device)
+    compiled._init_handles()
+    threads = 32 * compiled.metadata.num_warps
+    by_smem = props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024)
+    by_threads = props.max_threads_per_multi_processor // threads
+    by_regs = props.regs_per_multiprocessor // max(1, compiled.n_regs * threads)
+    return max(1, min(by_smem, by_threads, by_regs))
+
+
+def _programs(kernel: Any, args: tuple, meta: dict, config: TileConfig, device: torch.device,
+              programs: int | None) -> tuple:
+    """The persistent grid: as many programs as the GPU (or slice) holds, at most one per unit."""
+    m, n, batch = args[8], args[9], args[11]
+    work = units(config, m, n, batch)
+    if programs is None:
+        resident = 1
+        if device.type == "cuda":
+            key = (device, config, args[2].dtype, *sorted((k, str(v)) for k, v in meta.items()))
+            if key not in _RESIDENT:
+                _RESIDENT[key] = _resident(kernel.warmup(*args, grid=(1,), **meta), device)
+            resident = _RESIDENT[key]
+        programs = _sm_count(device) * resident
+    args = list(args)
+    args[_PROGRAMS_ARG] = max(1, min(programs, work))
+    return tuple(args), (args[_PROGRAMS_ARG],)
 
 
 def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,
            activation: str | None, residual: torch.Tensor | None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, programs: int | None = None) -> torch.Tensor:
     """Run the template for a [B?, M, K] @ [B?, K, N] problem and return C.
 
-    `out` (contiguous, C's shape) is written in place.
+    `out` (contiguous, C's shape) is written in place. `programs` sets a persistent variant's
+    grid (default: what the GPU, or the SM slice of the current stream, holds at once).
     """
-    c, g, args, meta = _prepare(a, b, config, bias, activation, residual, out)
+    kernel, c, g, args, meta = _prepare(a, b, config, bias, activation, residual, out)
     if a.device.type == "cuda" and a.device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(a.device):  # Triton launches on the current device
-            matmul_kernel[g](*args, **meta)
+            _run(kernel, g, args, meta, config, a.device, programs)
     else:
-        matmul_kernel[g](*args, **meta)
+        _run(kernel, g, args, meta, config, a.device, programs)
     return c
+
+
+def _run(kernel, g, args, meta, config, device, programs):
+    if kernel is persistent_kernel:
+        args, g = _programs(kernel, args, meta, config, device, programs)
+    kernel[g](*args, **meta)
 
 
 def compile_kernel(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,
                    activation: str | None, residual: torch.Tensor | None) -> Any:
     """Compile (without running) the kernel these arguments need; returns Triton's CompiledKernel."""
-    _, g, args, meta = _prepare(a, b, config, bias, activation, residual, None, compile_only=True)
+    kernel, _, g, args, meta = _prepare(a, b, config, bias, activation, residual, None, compile_only=True)
     with torch.cuda.device(a.device):
-        return matmul_kernel.warmup(*args, grid=g, **meta)
+        return kernel.warmup(*args, grid=g, **meta)

@@ -1,0 +1,115 @@
+"""The persistent variants of the template: a grid of about as many programs as the GPU holds
+at once, each looping over output tiles in GROUP_M order, with TMA loads and stores.
+
+Why: with one program per tile, a 1000^3 GEMM runs 128 programs of one warpgroup at 6%
+occupancy, and every program pays its own prologue (descriptor fetch, pipeline fill) and
+epilogue while its tensor cores idle. A persistent program keeps its pipeline across tiles:
+Triton flattens the tile loop and the K loop into one software-pipelined loop on Hopper, so
+the next tile's loads are in flight while this tile's epilogue runs.
+
+Two variants share this kernel:
+* `persistent`: the flattened, pipelined loop.
+* `warpspec`: the tile loop with Triton's automatic warp specialisation on Hopper
+  (`tl.range(..., warp_specialize=True)`): a 4-warp kernel becomes a producer warp group that
+  issues the TMA loads and two consumer warp groups that split the tile's rows, run the MMAs
+  and the epilogue (12 warps, registers moved to the consumers with `setmaxnreg`), the
+  structure of cuBLAS's Hopper kernels. The consumers store C with pointer stores: a TMA
+  store of the whole tile from a half-tile partition does not compile.
+
+Split-K is kept: a work unit is (batch, tile, K slice), and the reduction is the one of
+`matmul.py` (partials to a workspace, the last slice to arrive sums them in slice order), so
+the result is deterministic and no program ever waits on another (a grid larger than what
+the GPU holds at once is slower, never wrong).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from gnn_policy.kernels.matmul import _epilogue, _tile_coords
+
+
+@triton.jit
+def _k_loop(a_desc, b_desc, acc, a_row0, b_row0, pid_m, pid_n, k_first, k_last, K,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
+            MASK_B_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    offs_k = tl.arange(0, BLOCK_K)
+    for kt in range(k_first, k_last):
+        k0 = kt * BLOCK_K
+        if A_K_MAJOR:
+            a = a_desc.load([a_row0 + pid_m * BLOCK_M, k0])
+        else:
+            a = a_desc.load([a_row0 + k0, pid_m * BLOCK_M]).T
+        if B_K_MAJOR:
+            b = b_desc.load([b_row0 + pid_n * BLOCK_N, k0]).T
+        else:
+            b = b_desc.load([b_row0 + k0, pid_n * BLOCK_N])
+        # A K tail read across a folded batch boundary holds the next batch's values.
+        if MASK_A_K:
+            a = tl.where((k0 + offs_k)[None, :] < K, a, 0.0)
+        if MASK_B_K:
+            b = tl.where((k0 + offs_k)[:, None] < K, b, 0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit(do_not_specialize=["num_programs"])
+def persistent_kernel(
+        a_desc, b_desc, c_ptr, c_desc, bias_ptr, res_ptr, ws_ptr, lock_ptr,
+        M, N, K, batch, num_programs,
+        stride_cb, stride_cm, stride_cn, stride_rb, stride_rm, stride_rn,
+        a_desc_rows, b_desc_rows, c_desc_rows,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
+        A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
+        MASK_B_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, TMA_STORE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        WARP_SPECIALIZE: tl.constexpr):
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    units = batch * tiles * SPLIT_K
+    # K slices of one tile are neighbouring units: they run at the same time on different
+    # SMs, so the partials meet in L2 and the last slice rarely waits on HBM.
+    # Triton 3.6 warp-specialises on Hopper only a loop it has not flattened.
+    for unit in tl.range(tl.program_id(0), units, num_programs, flatten=not WARP_SPECIALIZE,
+                         warp_specialize=WARP_SPECIALIZE):
+        pid_b = unit // (tiles * SPLIT_K)
+        rest = unit % (tiles * SPLIT_K)
+        pid = rest // SPLIT_K
+        pid_k = rest % SPLIT_K
+        pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        k_first = pid_k * tiles_per_split
+        k_last = min(k_first + tiles_per_split, k_tiles)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _k_loop(a_desc, b_desc, acc, pid_b * a_desc_rows, pid_b * b_desc_rows, pid_m, pid_n,
+                      k_first, k_last, K, BLOCK_M, BLOCK_N, BLOCK_K, A_K_MAJOR, B_K_MAJOR,
+                      MASK_A_K, MASK_B_K, DOT_PRECISION)
+        c_base = c_ptr + pid_b * stride_cb
+        r_base = res_ptr + pid_b * stride_rb
+        c_row0 = pid_b * c_desc_rows
+        if SPLIT_K == 1:
+            _epilogue(acc, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn,
+                      bias_ptr, r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION,
+                      HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
+        else:
+            tile = (pid_b * tiles + pid).to(tl.int64)
+            offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            ws_tile = ws_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N)
+            tl.store(ws_tile + pid_k * (BLOCK_M * BLOCK_N) + offs_tile, acc)
+            tl.debug_barrier()  # every thread's partial is written before the counter moves
+            arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    total += tl.load(ws_tile + s * (BLOCK_M * BLOCK_N) + offs_tile, cache_modifier=".cg")
+                _epilogue(total, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn,
+                          bias_ptr, r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION,
+                          HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
+                tl.store(lock_ptr + tile, 0)
+
+
+def units(config, m: int, n: int, batch: int) -> int:
+    """Work units of a persistent launch: one per (batch, output tile, K slice)."""
+    return triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k * batch

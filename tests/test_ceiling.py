@@ -1,0 +1,61 @@
+"""The ceiling benchmark's plan and loop, run with the fake runner (no GPU)."""
+import json
+
+import hardware_specs
+from gnn_policy.benchmarks import ceiling
+from gnn_policy.database import Database
+from gnn_policy.space import space, violations
+
+H200 = hardware_specs.load("h200")
+
+
+def test_shape_list_covers_the_categories_and_both_layouts():
+    cats = {c for c, *_ in ceiling.SHAPES}
+    assert len(ceiling.SHAPES) >= 30
+    assert {"prefill", "prefill-unaligned", "mid-m", "short-k", "skinny-n", "decode", "batched"} <= cats
+    assert {s[-1] for s in ceiling.SHAPES} == {"row", "col"}
+
+
+def test_sweep_configs_are_valid_for_the_problem_and_shared_across_shapes():
+    (_, a), (_, b) = ceiling.problems(2)
+    for variant in ("ptr", "persistent", "warpspec"):
+        ca = ceiling.sweep_configs(a, variant, 300, H200, 0)
+        cb = ceiling.sweep_configs(b, variant, 300, H200, 0)
+        assert len(ca) == 300 and {c.variant for c in ca} == {variant}
+        assert not [c for c in ca if violations(c, H200, a.dtype, a.k)]
+        assert ca[:50] == cb[:50]  # one order: shapes of one specialisation share compiles
+        allowed = {c.split_k for c in space("hopper") if c.variant == variant and not violations(c, H200, "bf16")}
+        assert {c.split_k for c in ca[:10]} == allowed  # split-K groups in turn
+
+
+def test_odd_n_gets_no_tma_configs():
+    problem = next(p for _, p in ceiling.problems() if p.n == 1001)
+    assert ceiling.sweep_configs(problem, "persistent", 300, H200, 0) == []
+    assert len(ceiling.sweep_configs(problem, "ptr", 300, H200, 0)) == 300
+
+
+def test_neighbours_move_one_knob_one_step_and_keep_the_variant():
+    config = ceiling.sweep_configs(ceiling.problems(1)[0][1], "warpspec", 1, H200, 0)[0]
+    near = ceiling.neighbours(config)
+    assert near and all(n.variant == config.variant for n in near)
+    for n in near:
+        diffs = [f for f in ("block_m", "block_n", "block_k", "split_k", "group_m", "num_warps", "num_stages")
+                 if getattr(n, f) != getattr(config, f)]
+        assert len(diffs) == 1
+
+
+def test_run_sweeps_refines_confirms_and_reports(tmp_path, capsys):
+    db = str(tmp_path / "c.sqlite")
+    ceiling.main(["--db", db, "--gpu", "h200", "--shapes", "2", "--configs", "4", "--variant", "ptr",
+                  "--variant", "persistent", "--max-rounds", "2", "--runner", "tests.fake_runner:measure",
+                  "--shard-dir", str(tmp_path / "shards"), "--json", str(tmp_path / "s.json")])
+    counts = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert counts["refine_rounds"] >= 1 and counts["retimed"] > 0 and counts["shard_rows"] > 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert len(summary["shapes"]) == 2
+    # the fake runner's TFLOP/s is BLOCK_M: refinement climbs from the sweep's best
+    for (_, problem), shape in zip(ceiling.problems(2), summary["shapes"]):
+        swept = max(c.block_m for c in ceiling.sweep_configs(problem, "ptr", 4, H200, 0))
+        assert shape["per_variant"]["ptr"] > swept or swept == 256
+    with Database(db) as d:
+        assert d.retimed("H200-SXM-141GB")
