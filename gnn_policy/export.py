@@ -49,7 +49,7 @@ class ExportArgs:
     format: str = flag("vllm", "vllm (the JSON files vLLM and SGLang read) or triton (a module of triton.Config lists)")
     model: str = flag("", "a config.json, a shipped example (llama-3-8b, gpt2, mixtral-8x7b) or module:function")
     shapes: str = flag("", "weight shapes instead of --model: NxK,... (N outputs, K inputs, as nn.Linear)")
-    tokens: str = flag("", "token counts (M), comma-separated (default: 1,16,128,2048)")
+    tokens: str = flag("", "token counts (M), comma-separated; empty: 1,16,128,2048")
     measured: str = flag("", "pick from the real measurements in this database instead of the policy")
     gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
     dtype: str = flag("bf16", "fp16 or bf16")

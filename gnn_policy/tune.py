@@ -26,7 +26,7 @@ class TuneArgs:
     measure: bool = flag(False, "time the picks and cuBLAS on the local GPU (needs CUDA)")
     model: str = flag("", "tune a model instead: a config.json (or a shipped example: llama-3-8b, gpt2, "
                           "mixtral-8x7b) or module:function returning (nn.Module, example inputs)")
-    tokens: str = flag("", "token counts for --model, comma-separated (default: 1,16,128,2048)")
+    tokens: str = flag("", "token counts for --model, comma-separated; empty: 1,16,128,2048")
 
 
 class TuneError(ValueError):
