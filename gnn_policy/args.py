@@ -7,7 +7,10 @@ from typing import Any
 
 
 def flag(default: Any = dataclasses.MISSING, help: str = "", **extra: Any) -> Any:
-    """A dataclass field that is also a command-line flag (no default: a required flag)."""
+    """A dataclass field that is also a command-line flag (no default: a required flag).
+
+    A bool on by default becomes --no-<name>; `off="..."` is that flag's help text.
+    """
     return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
@@ -17,11 +20,12 @@ def add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
         name = f.name.replace("_", "-")
         meta = dict(f.metadata)
         help_text = meta.pop("help")
+        off_text = meta.pop("off", "")
         required = f.default is dataclasses.MISSING
         if f.type in (bool, "bool"):
             if f.default:
                 parser.add_argument(f"--no-{name}", dest=f.name, action="store_false", default=None,
-                                    help=f"do not: {help_text}")
+                                    help=off_text or f"turn off (on by default: {help_text})")
             else:
                 parser.add_argument(f"--{name}", dest=f.name, action="store_true", default=None, help=help_text)
         elif meta.get("action") == "append":

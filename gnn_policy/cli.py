@@ -12,6 +12,7 @@ import hardware_specs
 from gnn_policy.args import add_fields, build, flag
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
+from gnn_policy.export import ExportArgs
 from gnn_policy.sweep import SweepArgs
 from gnn_policy.tune import TuneArgs
 from training.bench import BenchArgs
@@ -99,11 +100,20 @@ def run_specs(args: SpecsArgs) -> int:
 
 
 def run_stats(args: StatsArgs) -> int:
+    import time
+
     from gnn_policy.database import Database
-    from gnn_policy.snapshot import load_shipped
+    from gnn_policy.snapshot import load_shipped, pending
 
     with Database(os.path.expanduser(args.db)) as db:
-        load_shipped(db)  # the shipped snapshot, loaded once
+        todo = pending(db)
+        if todo:  # the first use of a database: loading takes a while, so say what is happening
+            print(f"gnn-policy stats: loading {len(todo)} shards of the shipped snapshot into {args.db} "
+                  "(once per database)...", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            rows = load_shipped(db)
+            print(f"gnn-policy stats: loaded {rows} rows in {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr, flush=True)
         stats = db.stats()
         splits = {gpu: split_counts(db.problem_counts(gpu)) for gpu in stats["gpus"]}
     if args.json:
@@ -235,10 +245,37 @@ def run_transfer(args: TransferArgs) -> int:
 
 
 def run_tune(args: TuneArgs) -> int:
-    from gnn_policy.tune import run, table
+    from graphs.model_config import ConfigError
+    from gnn_policy.model_tune import ModelSpecError, table as model_table
+    from gnn_policy.tune import TuneError, run, table
 
-    out = run(args)
-    print(json.dumps(out, indent=1) if args.json else table(out))
+    try:
+        out = run(args)
+    except (ConfigError, ModelSpecError, TuneError) as exc:
+        print(f"gnn-policy tune: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=1) if args.json else (model_table if args.model else table)(out))
+    return 0
+
+
+def run_export(args: ExportArgs) -> int:
+    from graphs.model_config import ConfigError
+    from gnn_policy.export import ExportError, run
+    from gnn_policy.model_tune import ModelSpecError
+
+    try:
+        out = run(args)
+    except (ConfigError, ModelSpecError, ExportError) as exc:
+        print(f"gnn-policy export: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{args.format} configs for {out['gpu']} from {out['source']}:")
+    for name, keys in out["written"].items():
+        print(f"  {name}: {len(keys)} {'token counts' if args.format == 'vllm' else 'problems'}")
+    for s in out["skipped"]:
+        print(f"skipped: {s['what']}: {s['why']}")
     return 0
 
 
@@ -256,6 +293,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "pretrain": (PretrainArgs, run_pretrain),
     "meta-pretrain": (MetaPretrainArgs, run_meta_pretrain),
     "tune": (TuneArgs, run_tune),
+    "export": (ExportArgs, run_export),
     "bench": (BenchArgs, run_bench),
     "finetune": (FinetuneArgs, run_finetune),
     "transfer": (TransferArgs, run_transfer),

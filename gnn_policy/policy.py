@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -123,24 +124,44 @@ class Policy:
         return sorted(zip(inside, probs), key=lambda x: -x[1])
 
 
-def autotune_pruner(policy: Policy, k: int, gpu: GpuSpec,
-                    problem_of: Callable[[dict], GemmProblem]) -> dict[str, Any]:
+def autotune_pruner(policy: Policy, k: int, gpu: GpuSpec, problem_of: Callable[[dict], GemmProblem],
+                    names: dict[str, str] | None = None) -> dict[str, Any]:
     """`prune_configs_by` for `triton.autotune`: benchmark only the policy's k favourite configs.
 
     `problem_of(named_args)` builds the GemmProblem of a launch from the kernel's arguments.
-    Configs outside the policy's space are kept only to fill the k slots.
+    The configs' meta-parameters are read in any common spelling (this template's `BLOCK_M`,
+    the tutorial's and vLLM's `BLOCK_SIZE_M`, `BM`; see `gnn_policy.config_names`), or through
+    `names`, a mapping from our knobs to the kernel's, e.g. {"block_m": "TILE_M", ...}.
+    Configs outside the policy's space are kept only to fill the k slots. A config it cannot
+    read is warned about once, naming the keys it saw; unread configs come after the policy's
+    picks, and when none can be read every config is kept (a full autotune, not a guess).
 
         @triton.autotune(configs=[...], key=["M", "N", "K"],
                          prune_configs_by=autotune_pruner(policy, 4, gpu, lambda a: GemmProblem(a["M"], a["N"], a["K"])))
     """
+    from gnn_policy import config_names
+
+    names = config_names.check_names(names) if names else None
+    warned: list[bool] = []
+
     def prune(configs: list, named_args: dict, **kwargs: Any) -> list:
         problem = problem_of({**named_args, **kwargs})  # triton passes keyword arguments apart
-        tiles = {}
+        tiles, unread = {}, []
         for c in configs:
-            try:
-                tiles[TileConfig.from_triton(c)] = c
-            except (KeyError, ValueError):
-                pass
+            tile = config_names.read(c, names)
+            if tile is None:
+                unread.append(c)
+            else:
+                tiles.setdefault(tile, c)
+        if unread and not warned:
+            warned.append(True)
+            warnings.warn(f"autotune_pruner cannot read {len(unread)} of {len(configs)} configs (keys seen: "
+                          f"{', '.join(config_names.keys_seen(unread))}); it reads BLOCK_M / BLOCK_SIZE_M / BM-style "
+                          "names, or pass names={'block_m': ..., 'block_n': ..., 'block_k': ...}; "
+                          + ("every config is autotuned" if not tiles else "they are tried after the policy's picks"),
+                          stacklevel=2)
+        if not tiles:
+            return list(configs)
         ranked = policy.rank(problem, gpu, list(tiles))
         allowed = [tiles[t] for t, p in ranked if p > 0]
         ruled_out = [tiles[t] for t, p in ranked if p == 0]  # invalid for this problem: last resort

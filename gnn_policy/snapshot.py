@@ -82,6 +82,11 @@ def import_shard(db: Database, path: Path) -> int:
     return added
 
 
+def pending(db: Database, folder: Path | None = None) -> list[Path]:
+    """The shards in `folder` (default: the shipped snapshot) that this database has not loaded."""
+    return [p for p in sorted((folder or SHIPPED).glob("*.jsonl.gz")) if not db.meta(f"shard:{p.name}")]
+
+
 def load_shipped(db: Database, folder: Path | None = None) -> int:
     """Load every shard in `folder` (default: the shipped snapshot) that this database has not seen yet."""
-    return sum(import_shard(db, p) for p in sorted((folder or SHIPPED).glob("*.jsonl.gz")))
+    return sum(import_shard(db, p) for p in pending(db, folder))

@@ -9,11 +9,11 @@ from gnn_policy.args import flag
 
 @dataclasses.dataclass(frozen=True)
 class TuneArgs:
-    """Rank tile configs for one GEMM with the policy (and, on a GPU, --measure them)."""
+    """Rank tile configs for one GEMM, or pick for every GEMM of a --model, with the policy (and, on a GPU, --measure them)."""
 
-    m: int = flag(help="rows of A and C")
-    n: int = flag(help="columns of B and C")
-    k: int = flag(help="the reduction length")
+    m: int = flag(0, "rows of A and C (--m, --n and --k give one GEMM; or use --model)")
+    n: int = flag(0, "columns of B and C")
+    k: int = flag(0, "the reduction length")
     batch: int = flag(1, "batch count")
     dtype: str = flag("bf16", "fp16, bf16 or fp32")
     bias: bool = flag(False, "a bias over N is fused")
@@ -27,9 +27,22 @@ class TuneArgs:
     checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
     json: bool = flag(False, "print JSON")
     measure: bool = flag(False, "time the picks and cuBLAS on the local GPU (needs CUDA)")
+    model: str = flag("", "tune a model instead: a config.json (or a shipped example: llama-3-8b, gpt2, "
+                          "mixtral-8x7b) or module:function returning (nn.Module, example inputs)")
+    tokens: str = flag("", "token counts for --model, comma-separated; empty: 1,16,128,2048")
+
+
+class TuneError(ValueError):
+    """Flags that do not name one GEMM or one model."""
 
 
 def run(args: TuneArgs) -> dict:
+    if args.model:
+        from gnn_policy.model_tune import run as run_model
+
+        return run_model(args)
+    if not (args.m and args.n and args.k):
+        raise TuneError("give --m, --n and --k (one GEMM) or --model (a config.json or module:function)")
     import torch
 
     import hardware_specs

@@ -59,3 +59,27 @@ def test_functional_forms_and_dtypes():
     lin = next(g.problem for g in found if "linear" in g.problem.layer)
     assert (lin.m, lin.n, lin.k, lin.activation, lin.residual, lin.dtype) == (4, 32, 16, "silu", True, "fp32")
     assert any(g.problem.bias and "addmm" in g.problem.layer for g in found)
+
+
+def test_layouts_tanh_gelu_and_what_cannot_run():
+    from graphs.capture import capture_model
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 32)
+            self.conv = nn.Conv1d(4, 4, 3)
+            self.w = nn.Parameter(torch.randn(8, 32))
+
+        def forward(self, x, y):
+            h = F.gelu(self.fc(x), approximate="tanh")  # not the template's exact GELU: not folded
+            return torch.matmul(h, self.w.t()), self.conv(y), torch.matmul(x.double(), x.double().t())
+
+    found, skipped = capture_model(M(), (torch.randn(4, 16), torch.randn(1, 4, 8)))
+    fc = next(g.problem for g in found if g.problem.layer == "fc")
+    assert (fc.a_layout, fc.b_layout, fc.activation) == ("row", "col", None)
+    mm = next(g.problem for g in found if g.problem.n == 8)
+    assert (mm.a_layout, mm.b_layout) == ("row", "col")  # w.t() is a column-major view
+    assert len(found) == 2  # the float64 GEMM is listed as skipped, not labelled fp32
+    assert [s[0] for s in skipped] == ["conv", "matmul_1"]
+    assert "Conv1d" in skipped[0][1] and "float64" in skipped[1][1]

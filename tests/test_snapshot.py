@@ -41,3 +41,24 @@ def test_shards_are_append_only(tmp_path):
             export_shard(a, tmp_path / "s.jsonl.gz", (0, 0))
     with Database(tmp_path / "b.sqlite") as b:
         assert import_shard(b, tmp_path / "s.jsonl.gz") == 3
+
+
+def test_stats_says_it_is_loading_the_snapshot_then_answers_from_the_database(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from gnn_policy.snapshot import pending
+
+    with Database(tmp_path / "a.sqlite") as a:
+        a.add(_rows())
+        export_shard(a, tmp_path / "shards" / "run1.jsonl.gz", (0, 0))
+    with Database(tmp_path / "b.sqlite") as b:
+        assert [p.name for p in pending(b, tmp_path / "shards")] == ["run1.jsonl.gz"]
+    env = dict(os.environ, GNN_POLICY_SHARDS=str(tmp_path / "shards"))
+    cli = [sys.executable, "-m", "gnn_policy.cli", "stats", "--db", str(tmp_path / "c.sqlite")]
+    first = subprocess.run(cli, capture_output=True, text=True, env=env)
+    assert first.returncode == 0 and "loading 1 shards of the shipped snapshot" in first.stderr
+    assert "loaded 3 rows" in first.stderr and "H200-SXM-141GB" in first.stdout
+    again = subprocess.run(cli, capture_output=True, text=True, env=env)
+    assert again.stderr == "" and again.stdout == first.stdout

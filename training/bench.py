@@ -46,7 +46,7 @@ class BenchArgs:
     out: str = flag("docs/data/bench", "folder for bench.csv, bench.md and bench.png")
     shard_dir: str = flag("", "write the measurements this run adds to a new shard here")
     log_dir: str = flag("runs/bench", "folder of the offline W&B run")
-    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
     time_limit: float = flag(0.0, "minutes after which no new problem is started: the measurements so far are "
                                   "stored (and exported), no report is written, and a re-run goes on from there")
     report_only: bool = flag(False, "measure nothing: rebuild bench.md, bench.png and the W&B run from the "

@@ -49,7 +49,7 @@ class FinetuneArgs:
     steps: int = flag(5, "gradient steps after each round: as many as Reptile's inner loop takes")
     lr: float = flag(3e-4, "learning rate of the adaptation")
     guard: bool = flag(True, "keep the adapted weights only where a cross-fit over the tuning problems says they "
-                             "pick better than the starting ones (off: always keep them)")
+                             "pick better than the starting ones", off="always keep the adapted weights (no cross-fit)")
     simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
     analytic: str = flag("", "the fitted analytic model --simulate measures with (default: checkpoints/analytic.json)")
     replay: str = flag("", "answer every measurement from the real rows of --gpu stored in this database instead "
@@ -58,13 +58,13 @@ class FinetuneArgs:
     seed: int = flag(0, "seed of problem choice, mutations and shuffling")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
-    snapshot: bool = flag(True, "load the shipped snapshot into --db first; off, the run adapts on its own "
-                                "measurements alone, as the transfer experiment's runs must (--db must then "
-                                "hold no earlier rows of this GPU)")
+    snapshot: bool = flag(True, "load the shipped snapshot into --db first",
+                          off="adapt on the run's own measurements alone, as the transfer experiment's runs must "
+                              "(--db must then hold no earlier rows of this GPU)")
     log_dir: str = flag("runs/finetune", "folder of the offline W&B run")
     group: str = flag("", "W&B group (default: transfer-<gpu>)")
     tags: tuple[str, ...] = flag((), "W&B tags, e.g. method=meta budget=64 (repeatable)", action="append")
-    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
 
 
 @dataclasses.dataclass

@@ -25,6 +25,9 @@ as real measurements. Each file becomes `Demonstration`s, one per M key and GEMM
   such models with different hidden sizes: skipped, nothing is guessed. Then up/gate:
   N = 2I, K = hidden; down: N = hidden, K = I. A file applies to both GEMMs unless a `_down`
   file beside it tunes the down GEMM (SGLang), which then gives the down GEMM only.
+- Shape (dense 16-bit files: `N={N},K={K},device_name=...`, which `gnn-policy export` writes;
+  the engines ship dense files only in 8-bit). Each M entry is the plain GEMM of an
+  `nn.Linear` with N outputs and K inputs at M tokens: (M, N, K), A row-major, B column-major.
 - Rows. Assumption: the M tokens' M·topk routed rows spread evenly over the E experts, so the
   fused launch is a batched GEMM of min(E, M·topk) active experts with ceil(M·topk / E) rows
   each; the padding of each expert's rows to BLOCK_SIZE_M depends on the config and is left
@@ -215,8 +218,10 @@ def _file_demos(path: Path, root: Path, entries: dict[int, dict], space_: Config
     except hardware_specs.SpecError:
         report.skipped["gpu"][fields.get("device_name") or "(empty)"] += 1
         return []
-    if "E" not in fields:  # dense kinds come only as 8-bit files, skipped above
-        report.skipped["model"]["not a fused-MoE file"] += 1
+    if "E" not in fields:
+        if "N" in fields and "K" in fields:
+            return _dense_demos(path, root, entries, fields, gpu, space_, report)
+        report.skipped["model"]["neither a fused-MoE nor a dense file"] += 1
         return []
     experts, inter = int(fields["E"]), int(fields["N"])
     model = moe_model(experts, inter, models)
@@ -224,10 +229,26 @@ def _file_demos(path: Path, root: Path, entries: dict[int, dict], space_: Config
         report.skipped["model"][f"E={experts} N={inter}"] += 1
         return []
     report.files_used[gpu.name] += 1
+    problems = {m: moe_problems(model, experts, inter, m, SIXTEEN_BIT[dtype], _gemms(path, fields)) for m in entries}
+    return _demos(path, root, entries, problems, gpu, space_, report)
+
+
+def _dense_demos(path: Path, root: Path, entries: dict[int, dict], fields: dict, gpu: hardware_specs.GpuSpec,
+                 space_: ConfigSpace, report: ImportReport) -> list[Demonstration]:
+    n, k = int(fields["N"]), int(fields["K"])
+    report.files_used[gpu.name] += 1
+    dtype = SIXTEEN_BIT[fields.get("dtype") or None]
+    problems = {m: [GemmProblem(m, n, k, dtype=dtype, b_layout="col", layer=f"dense N={n},K={k}")] for m in entries}
+    return _demos(path, root, entries, problems, gpu, space_, report)
+
+
+def _demos(path: Path, root: Path, entries: dict[int, dict], problems: dict[int, list[GemmProblem]],
+           gpu: hardware_specs.GpuSpec, space_: ConfigSpace, report: ImportReport) -> list[Demonstration]:
+    """Each entry's config mapped into the space, for each of its M's problems; counted in `report`."""
     out = []
     for m_key, entry in sorted(entries.items()):
         report.ignored_knobs.update(k for k in IGNORED_KNOBS if k in entry)
-        for problem in moe_problems(model, experts, inter, m_key, SIXTEEN_BIT[dtype], _gemms(path, fields)):
+        for problem in problems[m_key]:
             config, why = to_space(entry, space_, gpu, problem)
             if config is None:
                 report.dropped[why[0]] += 1

@@ -48,7 +48,7 @@ class MetaPretrainArgs:
                                      "GPUs whose tasks the analytic model labels, held-out ones left out (repeatable)",
                                      action="append")
     real: bool = flag(True, "make a task of every GPU with real rows in the database, SM slices included "
-                            "(in place of its simulated task)")
+                            "(in place of its simulated task)", off="simulated and imported tasks only")
     real_weight: float = flag(1.0, "how many times as often a task of real rows is drawn as a simulated or "
                                    "imported one")
     imitation_weight: float = flag(1.0, "weight of the imitation loss; the GPUs of the imported vLLM / SGLang "
@@ -67,14 +67,15 @@ class MetaPretrainArgs:
     batch_size: int = flag(16, "problems per inner-step batch")
     hidden: int = flag(128, "width of the encoders and heads")
     layers: int = flag(3, "GINEConv layers")
-    geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps)")
+    geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps)",
+                          off="the cost head reads no tile geometry (as the first checkpoints)")
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)")
     seed: int = flag(0, "seed of weights, simulated configs, task draws and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for meta.pt (or plain.pt) and its card")
     log_dir: str = flag("runs/meta-pretrain", "folder for the CSV metrics and the offline W&B run")
     group: str = flag("meta-pretrain", "W&B group")
     tags: tuple[str, ...] = flag((), "W&B tags (repeatable)", action="append")
-    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
     max_minutes: float = flag(12.0, "stop meta-training after this many minutes")
     plain: bool = flag(False, "train plainly on the same tasks instead (one Adam throughout, no Reptile step, "
                               "ε ignored): the transfer experiment's plain comparator, written as plain.pt")

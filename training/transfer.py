@@ -88,7 +88,7 @@ class TransferArgs:
                          "runs/transfer/<target>)")
     out: str = flag("", "folder for transfer.csv, transfer.md, transfer.png and runs.jsonl (default: "
                         "docs/data/transfer/<target>)")
-    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)")
+    wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
     time_limit: float = flag(0.0, "minutes after which no further (method, budget, seed) run starts (the first "
                                   "always does): what was measured is kept, the finished runs are reported in "
                                   "transfer.partial.*, and a re-run goes on from there")

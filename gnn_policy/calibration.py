@@ -1,0 +1,90 @@
+"""The cost head's predicted TFLOP/s as a figure a user can read: calibrated, never above physics.
+
+The cost head is trained to rank configs; its TFLOP/s are not to scale (2-4x too high on
+the H200, and above the roofline: docs/BENCHMARKS.md). A calibration maps them, per GPU, to
+
+    calibrated = R x exp(min(0, intercept + slope x log(predicted / R)))
+
+where R is the problem's roofline on the GPU (FLOPs at the spec's peak or bytes at its
+bandwidth, whichever takes longer), so no calibrated figure exceeds it. The two numbers are a
+least-squares fit on real measurements of the configs the cost head likes best
+(`python -m gnn_policy.benchmarks.calibrate`), stored beside the checkpoint as
+`<checkpoint>.calibration.json` with the fit's held-out error. A GPU without a fit gets the
+cost head's figure capped at the roofline, and says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from graphs import GemmProblem
+from hardware_specs import GpuSpec
+
+
+def roofline_tflops(problem: GemmProblem, gpu: GpuSpec) -> float:
+    """The fastest any kernel can run `problem` on `gpu`: peak FLOP/s or bandwidth, whichever binds."""
+    peak = gpu.peak("tf32" if problem.dtype == "fp32" else problem.dtype) * 1e12
+    seconds = max(problem.flops / peak, problem.bytes_min() / (gpu.memory_bandwidth_gbps * 1e9))
+    return problem.flops / seconds / 1e12
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """One GPU's map from the cost head's TFLOP/s to measured ones (see the module docstring)."""
+
+    gpu: str
+    intercept: float
+    slope: float
+
+    def apply(self, predicted_tflops: float, roof: float) -> float:
+        """The calibrated TFLOP/s of a prediction for a problem whose roofline is `roof` TFLOP/s."""
+        return roof * math.exp(min(0.0, self.intercept + self.slope * math.log(predicted_tflops / roof)))
+
+
+def path_for(checkpoint: str | Path) -> Path:
+    """Where a checkpoint's calibration lives: `pretrained.pt` -> `pretrained.calibration.json`."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(checkpoint.stem + ".calibration.json")
+
+
+def load(checkpoint: str | Path) -> dict[str, Calibration]:
+    """The calibrations fitted for a checkpoint, by GPU name; empty when there is no file."""
+    path = path_for(checkpoint)
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {gpu: Calibration(gpu, c["intercept"], c["slope"]) for gpu, c in data["gpus"].items()}
+
+
+def calibrated(predicted_tflops: float, problem: GemmProblem, gpu: GpuSpec,
+               calibrations: dict[str, Calibration]) -> tuple[float, bool]:
+    """(figure, whether a fit for this GPU made it): the calibrated TFLOP/s, or without a fit
+    the cost head's capped at the roofline."""
+    roof = roofline_tflops(problem, gpu)
+    if gpu.name in calibrations:
+        return calibrations[gpu.name].apply(predicted_tflops, roof), True
+    return min(predicted_tflops, roof), False
+
+
+def fit(predicted: Sequence[float], measured: Sequence[float], roofs: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of log(measured / R) on log(predicted / R), least squares."""
+    xs = [math.log(p / r) for p, r in zip(predicted, roofs)]
+    ys = [math.log(m / r) for m, r in zip(measured, roofs)]
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if n < 2 or var == 0:
+        raise ValueError("a calibration needs at least two distinct predictions")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+    return my - slope * mx, slope
+
+
+def errors(estimates: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
+    """DESIGN's calibration figures: median |log(estimate / measured)| and the share within 20%."""
+    logs = sorted(abs(math.log(e / m)) for e, m in zip(estimates, measured))
+    mid = len(logs) // 2
+    median = logs[mid] if len(logs) % 2 else (logs[mid - 1] + logs[mid]) / 2
+    within = sum(1 for e, m in zip(estimates, measured) if abs(e / m - 1) <= 0.2) / len(logs)
+    return {"median_abs_log_error": round(median, 3), "within_20pct": round(within, 3), "rows": len(logs)}

@@ -1,0 +1,174 @@
+"""`gnn_policy.patch(model)`: the Triton template under a model's Linear layers, for inference.
+
+    model = gnn_policy.patch(model)      # use the return value
+    with torch.inference_mode():
+        y = model(x)
+    model = gnn_policy.unpatch(model)    # the model as it was
+
+Every `nn.Linear` becomes a `TritonLinear` that shares its parameters and runs
+`gnn_policy.matmul` at the policy's first pick for each input shape (chosen once per shape and
+cached, see `gnn_policy.ops.policy_config`). Where torch.fx can trace the model, the patterns
+`graphs.capture` folds are fused too: a Linear whose only user is an activation the template
+computes (relu, exact gelu, silu) and/or a residual add runs as one kernel. The result is
+then a `torch.fx.GraphModule` and the model itself is left untouched; a model fx cannot trace
+(data-dependent control flow, say) has its Linear layers swapped in place instead, with a
+warning that nothing was fused.
+
+What the kernel does not cover runs torch's own ops instead, with one warning per reason and
+never an error mid-model: autograd (call under `torch.no_grad()` or `torch.inference_mode()`),
+autocast, dtypes other than fp16, bf16 and fp32 or mixed ones, CPU tensors without Triton's
+interpreter, other devices, and any argument `gnn_policy.matmul` refuses. A residual whose
+dtype or shape would change the add's result (type promotion, broadcasting to a larger
+shape) is added by torch after the kernel.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from graphs.capture import epilogue_chain
+from gnn_policy import ops
+
+_ACT = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+_WARNED: set[str] = set()
+
+
+def _warn_once(kind: str, message: str) -> None:
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        warnings.warn(f"gnn_policy.patch: {message}; torch runs these layers instead", stacklevel=3)
+
+
+def _unsupported(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str] | None:
+    """(kind, why) when the template cannot serve this call; None when it can."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return "autograd", "the template has no backward pass (call under torch.no_grad() or torch.inference_mode())"
+    if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+        return "autocast", "autocast is on, and its casts belong to torch's ops"
+    if x.dtype not in ops.DTYPE_NAMES or x.dtype != weight.dtype:
+        return "dtype", f"inputs {x.dtype} with weights {weight.dtype} (the template runs fp16, bf16, fp32 alone)"
+    if x.device.type == "cpu" and not ops.INTERPRETED:
+        return "cpu", "CPU tensors run through Triton only under TRITON_INTERPRET=1"
+    if x.device.type not in ("cpu", "cuda") or x.device != weight.device:
+        return "device", f"inputs on {x.device}, weights on {weight.device}"
+    if x.dim() == 0 or x.numel() == 0:
+        return "empty", "empty or 0-d inputs"
+    return None
+
+
+class TritonLinear(nn.Linear):
+    """An `nn.Linear` (same parameters, same state_dict) that runs the Triton template, with an
+    optional fused activation and residual add: act(x W^T + b) + residual."""
+
+    def __init__(self, linear: nn.Linear, activation: str | None = None, residual: bool = False):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.activation, self.residual = activation, residual
+        # kept out of _modules, so the state_dict holds the parameters once: unpatch puts it back
+        object.__setattr__(self, "original", linear)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", activation={self.activation}, residual={self.residual}"
+
+    def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        why = _unsupported(input, self.weight)
+        if why is None:
+            try:
+                return self._triton(input, residual)
+            except (ValueError, TypeError) as exc:  # an argument matmul refuses: torch serves it
+                why = ("refused", f"gnn_policy.matmul refused a call ({exc})")
+        _warn_once(*why)
+        out = _ACT[self.activation](F.linear(input, self.weight, self.bias))
+        return out if residual is None else out + residual
+
+    def _triton(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        out_shape = (*x.shape[:-1], self.out_features)
+        fused = residual is not None and residual.dtype == x.dtype and \
+            torch.broadcast_shapes(residual.shape, out_shape) == out_shape
+        r2 = residual.expand(out_shape).reshape(-1, self.out_features) if fused else None
+        y = ops.matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias,
+                       activation=self.activation, residual=r2).view(out_shape)
+        return y + residual if residual is not None and not fused else y
+
+
+def _set_module(root: nn.Module, target: str, module: nn.Module) -> None:
+    parent, _, name = target.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, name, module)
+
+
+def _residual_operand(add: torch.fx.Node | None, last: torch.fx.Node) -> torch.fx.Node | None:
+    """The add's other operand, when the add is a plain two-operand sum of tensors."""
+    if add is None or add.kwargs or len(add.args) != 2:
+        return None
+    other = add.args[1] if add.args[0] is last else add.args[0]
+    return other if isinstance(other, torch.fx.Node) and other is not last else None
+
+
+def _fuse(model: nn.Module) -> torch.fx.GraphModule:
+    """A traced copy of `model` (sharing its parameters) with every Linear chain as one TritonLinear."""
+    gm = torch.fx.symbolic_trace(model)
+    modules = dict(gm.named_modules())
+    calls = [n for n in gm.graph.nodes if n.op == "call_module" and type(modules[n.target]) is nn.Linear]
+    shared = {n.target for n in calls if sum(m.target == n.target for m in calls) > 1}
+    for node in calls:
+        activation, act, add = epilogue_chain(node, modules)
+        other = _residual_operand(add, act or node)
+        add = add if other is not None else None
+        # a layer called at several places keeps one module: it fuses nothing
+        plain = node.target in shared or node.kwargs or len(node.args) != 1 or (act is None and add is None)
+        _set_module(gm, node.target, TritonLinear(modules[node.target], None if plain else activation,
+                                                  not plain and add is not None))
+        if plain:
+            continue
+        last = add or act
+        with gm.graph.inserting_after(last):
+            fused = gm.graph.call_module(node.target, (node.args[0],) + ((other,) if add is not None else ()))
+        last.replace_all_uses_with(fused)
+        for dead in (add, act, node):
+            if dead is not None:
+                gm.graph.erase_node(dead)
+    gm.graph.lint()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    object.__setattr__(gm, "_gnn_policy_original", model)
+    return gm
+
+
+def patch(model: nn.Module, fuse: bool = True) -> nn.Module:
+    """The model with the Triton template under its Linear layers (see the module docstring).
+
+    `fuse=False` swaps the Linear layers in place without tracing (keeps the model's class and
+    methods, e.g. a `generate`, at the cost of the fused epilogues).
+    """
+    if any(isinstance(m, TritonLinear) for m in model.modules()):
+        raise ValueError("gnn_policy.patch: this model is already patched; unpatch it first")
+    if fuse:
+        try:
+            return _fuse(model)
+        except Exception as exc:  # noqa: BLE001 - fx fails in many ways; every one means "cannot trace"
+            warnings.warn(f"gnn_policy.patch: torch.fx cannot trace {type(model).__name__} ({type(exc).__name__}: "
+                          f"{exc}); its Linear layers are swapped in place and no epilogue is fused", stacklevel=2)
+    if type(model) is nn.Linear:
+        return TritonLinear(model)
+    for name, module in list(model.named_modules()):
+        if name and type(module) is nn.Linear:
+            _set_module(model, name, TritonLinear(module))
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """The model as it was before `patch` (use the return value)."""
+    original = getattr(model, "_gnn_policy_original", None)
+    if original is not None:
+        return original
+    if isinstance(model, TritonLinear):
+        return model.original
+    for name, module in list(model.named_modules()):
+        if isinstance(module, TritonLinear):
+            _set_module(model, name, module.original)
+    return model

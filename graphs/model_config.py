@@ -1,0 +1,206 @@
+"""A Hugging Face-style config.json as the named GEMMs one forward pass runs, per token count.
+
+Two schemas are read. Llama's (`hidden_size`, `intermediate_size`, `num_attention_heads`,
+`num_key_value_heads`, `head_dim`, `num_hidden_layers`, `vocab_size`, `hidden_act`, and for
+MoE `num_local_experts` or `num_experts` with `num_experts_per_tok`), also used by Mistral,
+Mixtral and Qwen2; and GPT-2's (`n_embd`, `n_head`, `n_layer`, `n_inner`, `vocab_size`,
+`activation_function`), chosen by `model_type: gpt2` or an `n_embd` field. A missing or
+ill-typed field is a `ConfigError` that names it.
+
+Every layer is an `nn.Linear` (y = x W^T with W [out, in] contiguous), so A is row-major and
+B column-major; HF's GPT-2 stores its Conv1D weights [in, out] instead, so its layers here are
+nanoGPT's. Epilogues follow graphs.suite: the bias where the model has one, the activation
+of a non-gated MLP's first projection or a gated MLP's gate projection (only the ones the
+template computes exactly: relu, exact gelu, silu), the residual add after the attention
+output and the MLP's down projection. MoE experts follow vLLM's fused kernel, as
+training/imported.py reads its tuned configs: gate and up fused (N = 2 x expert
+intermediate size), T tokens routed to top_k experts each and spread evenly, so a batched GEMM
+of min(E, T top_k) experts with ceil(T top_k / E) rows each and no epilogue of its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from graphs.problem import GemmProblem
+
+EXAMPLES = Path(__file__).resolve().parent / "data" / "models"
+# the template fuses these exactly; others (GPT-2's tanh-approximated gelu_new, ...) run unfused
+FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "relu": "relu"}
+
+
+class ConfigError(ValueError):
+    """A model config that cannot be read; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The hyperparameters that set a decoder's GEMM shapes."""
+
+    name: str
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+    activation: str  # the config's own name for it (hidden_act / activation_function)
+    gated: bool  # Llama's gate/up/down MLP, else GPT-2's fc/proj
+    bias: bool = False  # attention projections (and, for GPT-2, every layer but lm_head) have biases
+    mlp_bias: bool = False
+    experts: int = 0
+    top_k: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0  # Qwen2-MoE's always-on shared expert
+    quantization: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelGemm:
+    """One layer's GEMM at one token count, and how many times a forward pass runs it."""
+
+    layer: str
+    problem: GemmProblem
+    count: int
+
+
+def examples() -> dict[str, Path]:
+    """The shipped example configs by name (file stem): llama-3-8b, gpt2, mixtral-8x7b."""
+    return {p.stem: p for p in sorted(EXAMPLES.glob("*.json"))}
+
+
+def _field(cfg: dict, name: str, where: str, default: Any = dataclasses.MISSING, kind: type = int) -> Any:
+    if name not in cfg or (cfg[name] is None and default is not dataclasses.MISSING):
+        if default is dataclasses.MISSING:
+            raise ConfigError(f"{where}: field {name!r} is missing")
+        return default
+    value = cfg[name]
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok or (kind is int and value < 1):
+        want = "a positive integer" if kind is int else f"a {kind.__name__}"
+        raise ConfigError(f"{where}: field {name!r} must be {want}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _gpt2(cfg: dict, where: str, name: str) -> ModelSpec:
+    hidden = _field(cfg, "n_embd", where)
+    heads = _field(cfg, "n_head", where)
+    if hidden % heads:
+        raise ConfigError(f"{where}: field 'n_embd' ({hidden}) is not a multiple of 'n_head' ({heads})")
+    return ModelSpec(name, hidden, _field(cfg, "n_inner", where, 4 * hidden), heads, heads, hidden // heads,
+                     _field(cfg, "n_layer", where), _field(cfg, "vocab_size", where),
+                     _field(cfg, "activation_function", where, "gelu_new", str), gated=False, bias=True,
+                     mlp_bias=True)
+
+
+def _llama(cfg: dict, where: str, name: str) -> ModelSpec:
+    hidden = _field(cfg, "hidden_size", where)
+    heads = _field(cfg, "num_attention_heads", where)
+    kv = _field(cfg, "num_key_value_heads", where, heads)
+    if "head_dim" not in cfg and hidden % heads:
+        raise ConfigError(f"{where}: field 'hidden_size' ({hidden}) is not a multiple of "
+                          f"'num_attention_heads' ({heads}) and there is no 'head_dim'")
+    if heads % kv:
+        raise ConfigError(f"{where}: field 'num_key_value_heads' ({kv}) must divide 'num_attention_heads' ({heads})")
+    inter = _field(cfg, "intermediate_size", where)
+    experts = _field(cfg, "num_local_experts", where, 0) or _field(cfg, "num_experts", where, 0)
+    top_k = _field(cfg, "num_experts_per_tok", where) if experts else 0
+    if top_k > experts:
+        raise ConfigError(f"{where}: field 'num_experts_per_tok' ({top_k}) exceeds the {experts} experts")
+    quant = cfg.get("quantization_config") or {}
+    return ModelSpec(
+        name, hidden, inter, heads, kv, _field(cfg, "head_dim", where, hidden // heads),
+        _field(cfg, "num_hidden_layers", where), _field(cfg, "vocab_size", where),
+        _field(cfg, "hidden_act", where, "silu", str), gated=True,
+        bias=_field(cfg, "attention_bias", where, False, bool), mlp_bias=_field(cfg, "mlp_bias", where, False, bool),
+        experts=experts, top_k=top_k,
+        expert_intermediate=_field(cfg, "moe_intermediate_size", where, inter) if experts else 0,
+        shared_intermediate=_field(cfg, "shared_expert_intermediate_size", where, 0) if experts else 0,
+        quantization=str(quant.get("quant_method", "quantized")) if quant else "")
+
+
+def parse_config(cfg: Any, name: str = "model", where: str = "config") -> ModelSpec:
+    """The spec of a config.json's parsed content; `where` names it in errors."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: a model config is a JSON object, got {type(cfg).__name__}")
+    if cfg.get("model_type") == "gpt2" or "n_embd" in cfg:
+        return _gpt2(cfg, where, name)
+    return _llama(cfg, where, name)
+
+
+def load_config(path: str | Path) -> ModelSpec:
+    """Read a config.json (or a shipped example by name, e.g. 'llama-3-8b')."""
+    path = Path(path)
+    if not path.exists() and str(path) in examples():
+        path = examples()[str(path)]
+    if not path.is_file():
+        raise ConfigError(f"no model config at {path} (shipped examples: {', '.join(examples())})")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc})") from None
+    return parse_config(cfg, path.stem, str(path))
+
+
+def _linear(spec: ModelSpec, layer: str, tokens: int, n: int, k: int, dtype: str, count: int, *,
+            bias: bool = False, activation: str | None = None, residual: bool = False, batch: int = 1) -> ModelGemm:
+    problem = GemmProblem(tokens, n, k, batch=batch, dtype=dtype, b_layout="col", bias=bias,
+                          activation=activation, residual=residual, model=spec.name, layer=layer)
+    return ModelGemm(layer, problem, count)
+
+
+def _mlp(spec: ModelSpec, prefix: str, tokens: int, inter: int, dtype: str) -> list[ModelGemm]:
+    act, layers, h = FUSED_ACTIVATIONS.get(spec.activation), spec.layers, spec.hidden
+    if not spec.gated:
+        return [_linear(spec, f"{prefix}.c_fc", tokens, inter, h, dtype, layers, bias=spec.mlp_bias, activation=act),
+                _linear(spec, f"{prefix}.c_proj", tokens, h, inter, dtype, layers, bias=spec.mlp_bias, residual=True)]
+    return [_linear(spec, f"{prefix}.gate_proj", tokens, inter, h, dtype, layers, bias=spec.mlp_bias, activation=act),
+            _linear(spec, f"{prefix}.up_proj", tokens, inter, h, dtype, layers, bias=spec.mlp_bias),
+            _linear(spec, f"{prefix}.down_proj", tokens, h, inter, dtype, layers, bias=spec.mlp_bias, residual=True)]
+
+
+def _experts(spec: ModelSpec, tokens: int, dtype: str) -> list[ModelGemm]:
+    rows = tokens * spec.top_k
+    m, batch, layers = math.ceil(rows / spec.experts), min(spec.experts, rows), spec.layers
+    out = [_linear(spec, "mlp.gate (router)", tokens, spec.experts, spec.hidden, dtype, layers),
+           _linear(spec, "mlp.experts.gate_up_proj", m, 2 * spec.expert_intermediate, spec.hidden, dtype,
+                   layers, batch=batch),
+           _linear(spec, "mlp.experts.down_proj", m, spec.hidden, spec.expert_intermediate, dtype, layers,
+                   batch=batch)]
+    if spec.shared_intermediate:
+        out += _mlp(spec, "mlp.shared_expert", tokens, spec.shared_intermediate, dtype)
+    return out
+
+
+def model_gemms(spec: ModelSpec, tokens: int, dtype: str = "bf16") -> list[ModelGemm]:
+    """Every weight GEMM of one forward pass over `tokens` tokens, in layer order."""
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
+    h, layers = spec.hidden, spec.layers
+    if spec.gated:
+        q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+        attn = [_linear(spec, "self_attn.q_proj", tokens, q, h, dtype, layers, bias=spec.bias),
+                _linear(spec, "self_attn.k_proj", tokens, kv, h, dtype, layers, bias=spec.bias),
+                _linear(spec, "self_attn.v_proj", tokens, kv, h, dtype, layers, bias=spec.bias),
+                _linear(spec, "self_attn.o_proj", tokens, h, q, dtype, layers, bias=spec.bias, residual=True)]
+    else:
+        attn = [_linear(spec, "attn.c_attn", tokens, 3 * h, h, dtype, layers, bias=spec.bias),
+                _linear(spec, "attn.c_proj", tokens, h, h, dtype, layers, bias=spec.bias, residual=True)]
+    mlp = _experts(spec, tokens, dtype) if spec.experts else _mlp(spec, "mlp", tokens, spec.intermediate, dtype)
+    return attn + mlp + [_linear(spec, "lm_head", tokens, spec.vocab, h, dtype, 1)]
+
+
+def skipped(spec: ModelSpec) -> list[tuple[str, str]]:
+    """(what, why) for the parts of the model this tuning leaves out or runs differently."""
+    out = [("attention scores and values (Q K^T, P V)",
+            "their shapes follow the context length; the attention kernel runs them")]
+    if spec.activation not in FUSED_ACTIVATIONS:
+        out.append((f"activation {spec.activation}", "the template computes relu, exact gelu and silu; "
+                    "this one runs unfused after its GEMM"))
+    if spec.quantization:
+        out.append((f"{spec.quantization} weights", "the template runs fp16, bf16 and fp32; tuned as 16-bit GEMMs"))
+    return out

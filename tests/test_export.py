@@ -1,0 +1,88 @@
+"""gnn-policy export: vLLM / SGLang JSON and Triton modules, read back unchanged by our importers."""
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import hardware_specs
+from graphs import GemmProblem
+from gnn_policy.database import Database
+from gnn_policy.export import ExportArgs, ExportError, device_name, read_triton, run
+from gnn_policy.measure.result import Measurement
+from gnn_policy.model import ModelConfig, PolicyModel
+from gnn_policy.space import TileConfig
+from training.imported import load_demonstrations
+
+H200 = hardware_specs.load("h200")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
+    path = tmp_path_factory.mktemp("ckpt") / "p.pt"
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+    return str(path)
+
+
+def test_vllm_files_round_trip_through_the_importer(tmp_path, checkpoint):
+    out = run(ExportArgs(out=str(tmp_path), model="mixtral-8x7b", tokens="1,64", gpu="h200", checkpoint=checkpoint))
+    assert set(out["written"]) == {"N=4096,K=4096,device_name=NVIDIA_H200.json", "N=1024,K=4096,device_name=NVIDIA_H200.json",
+                                   "N=8,K=4096,device_name=NVIDIA_H200.json", "N=32000,K=4096,device_name=NVIDIA_H200.json",
+                                   "E=8,N=14336,device_name=NVIDIA_H200.json", "E=8,N=14336,device_name=NVIDIA_H200_down.json"}
+    written = {(f.name, int(m), TileConfig.from_vllm(e)) for f in tmp_path.glob("*.json")
+               for m, e in json.loads(f.read_text()).items()}
+    assert all(c.split_k == 1 and c.variant == "ptr" for _, _, c in written)  # what the engines' kernels run
+    demos, report = load_demonstrations(tmp_path)
+    assert {(d.origin, d.m_key, d.config) for d in demos} == written and all(d.exact for d in demos)
+    assert report.dropped == {} and report.demonstrations == {H200.name: len(written)}
+    up = next(d.problem for d in demos if d.origin.startswith("E=8") and "down" not in d.origin and d.m_key == 64)
+    assert (up.batch, up.m, up.n, up.k, up.b_layout) == (8, 16, 28672, 4096, "col")  # the model's expert GEMM
+    dense = next(d.problem for d in demos if d.origin.startswith("N=1024") and d.m_key == 1)
+    assert dense.key == GemmProblem(1, 1024, 4096, b_layout="col").key
+
+
+@pytest.mark.parametrize("names", ["project", "tutorial"])
+def test_triton_module_round_trip(tmp_path, checkpoint, names):
+    path = tmp_path / "configs.py"
+    out = run(ExportArgs(out=str(path), format="triton", shapes="256x128,64x32", tokens="16", top_k=3,
+                         names=names, gpu="h200", checkpoint=checkpoint))
+    configs = read_triton(path)
+    assert sorted(configs) == out["written"][str(path)]
+    assert set(configs) == {"1x16x256x128_bf16_rc", "1x16x64x32_bf16_rc"}
+    assert all(len(v) == 3 and len(set(v)) == 3 for v in configs.values())
+    if names == "tutorial":
+        assert "BLOCK_SIZE_M" in path.read_text() and all(c.split_k == 1 for v in configs.values() for c in v)
+
+
+def test_measured_picks_the_fastest_the_kernel_can_run(tmp_path):
+    problem = GemmProblem(16, 256, 128, b_layout="col")
+    split, plain, slow = TileConfig(16, 64, 32, 4), TileConfig(16, 64, 64), TileConfig(32, 32, 32)
+    with Database(tmp_path / "m.sqlite") as db:
+        db.add([(Measurement(H200.name, problem.key, c.key, "ok", median_ms=ms, tflops=problem.flops / ms / 1e9),
+                 problem, c) for c, ms in ((split, 0.01), (plain, 0.02), (slow, 0.04))])
+    common = dict(shapes="256x128", tokens="16,32", gpu="h200", measured=str(tmp_path / "m.sqlite"))
+    out = run(ExportArgs(out=str(tmp_path / "v"), **common))
+    entries = json.loads((tmp_path / "v" / "N=256,K=128,device_name=NVIDIA_H200.json").read_text())
+    assert entries == {"16": plain.to_vllm()}  # split-K is the fastest, but the engines cannot run it
+    assert out["written"] == {"N=256,K=128,device_name=NVIDIA_H200.json": [16]}
+    run(ExportArgs(out=str(tmp_path / "t.py"), format="triton", top_k=8, **common))
+    assert read_triton(tmp_path / "t.py") == {problem.key: [split, plain, slow]}
+
+
+def test_flags_that_cannot_export(tmp_path):
+    with pytest.raises(ExportError, match="--model or --shapes"):
+        run(ExportArgs(out=str(tmp_path), model="gpt2", shapes="8x8"))
+    with pytest.raises(ExportError, match="NxK pairs"):
+        run(ExportArgs(out=str(tmp_path), shapes="8x8x8"))
+    with pytest.raises(ExportError, match="fp16 or bf16"):
+        run(ExportArgs(out=str(tmp_path), shapes="8x8", dtype="fp32"))
+
+
+def test_device_names_as_the_engines_write_them():
+    if torch.cuda.is_available():
+        pytest.skip("the local device's name wins on a GPU machine")
+    assert device_name(H200) == "NVIDIA_H200"
+    assert device_name(hardware_specs.load("h100")) == "NVIDIA_H100_80GB_HBM3"
+    assert device_name(hardware_specs.load("mi300x")) == "AMD_Instinct_MI300X"

@@ -1,0 +1,80 @@
+"""graphs.model_config: config.json -> named GEMMs per token count, and errors that name the field."""
+import json
+
+import pytest
+
+from graphs.model_config import ConfigError, examples, load_config, model_gemms, parse_config, skipped
+
+
+def _by_layer(spec, tokens):
+    return {g.layer: g for g in model_gemms(spec, tokens)}
+
+
+def test_llama_gemms_respect_gqa_and_epilogues():
+    spec = load_config("llama-3-8b")  # a shipped example by name
+    g = _by_layer(spec, 16)
+    shapes = {k: (v.problem.m, v.problem.n, v.problem.k) for k, v in g.items()}
+    assert shapes["self_attn.q_proj"] == (16, 4096, 4096)
+    assert shapes["self_attn.k_proj"] == shapes["self_attn.v_proj"] == (16, 1024, 4096)  # 8 KV heads of 128
+    assert shapes["mlp.down_proj"] == (16, 4096, 14336) and shapes["lm_head"] == (16, 128256, 4096)
+    assert g["self_attn.o_proj"].problem.residual and g["mlp.down_proj"].problem.residual
+    assert g["mlp.gate_proj"].problem.activation == "silu" and g["mlp.up_proj"].problem.activation is None
+    assert all(v.problem.b_layout == "col" and v.problem.a_layout == "row" for v in g.values())
+    assert g["self_attn.q_proj"].count == 32 and g["lm_head"].count == 1
+    assert not any(v.problem.bias for v in g.values())
+
+
+def test_gpt2_schema_biases_and_unfused_tanh_gelu():
+    spec = load_config(examples()["gpt2"])
+    g = _by_layer(spec, 128)
+    assert (g["attn.c_attn"].problem.n, g["attn.c_attn"].problem.k, g["attn.c_attn"].problem.bias) == (2304, 768, True)
+    assert g["mlp.c_fc"].problem.n == 3072 and g["mlp.c_fc"].problem.activation is None  # gelu_new is not exact GELU
+    assert not g["lm_head"].problem.bias and g["lm_head"].problem.n == 50257
+    assert any("gelu_new" in what for what, _ in skipped(spec))
+
+
+def test_mixtral_experts_are_batched_like_the_fused_kernel():
+    spec = load_config("mixtral-8x7b")
+    one, many = _by_layer(spec, 1), _by_layer(spec, 128)
+    up = one["mlp.experts.gate_up_proj"].problem
+    assert (up.batch, up.m, up.n, up.k) == (2, 1, 28672, 4096)  # 1 token to 2 experts
+    down = many["mlp.experts.down_proj"].problem
+    assert (down.batch, down.m, down.n, down.k) == (8, 32, 4096, 14336)  # 256 rows over 8 experts
+    assert many["mlp.gate (router)"].problem.n == 8 and "mlp.gate_proj" not in many
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_size": None}, "field 'hidden_size' must be a positive integer, got None"),
+    ({"hidden_size": "4096"}, r"field 'hidden_size' must be a positive integer, got '4096' \(str\)"),
+    ({"num_attention_heads": True}, "field 'num_attention_heads' must be a positive integer"),
+    ({"num_key_value_heads": 5}, "field 'num_key_value_heads' \\(5\\) must divide"),
+    ({"num_experts_per_tok": 9}, "field 'num_experts_per_tok' \\(9\\) exceeds the 8 experts"),
+    ({"hidden_act": 3}, "field 'hidden_act' must be a str"),
+])
+def test_ill_typed_fields_are_named(change, message):
+    cfg = json.loads(examples()["mixtral-8x7b"].read_text())
+    cfg.update(change)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(cfg, where="x.json")
+
+
+def test_missing_fields_and_files_are_named(tmp_path):
+    cfg = json.loads(examples()["llama-3-8b"].read_text())
+    del cfg["intermediate_size"]
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"c.json: field 'intermediate_size' is missing"):
+        load_config(tmp_path / "c.json")
+    with pytest.raises(ConfigError, match="shipped examples: gpt2, llama-3-8b, mixtral-8x7b"):
+        load_config(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="a JSON object"):
+        load_config(tmp_path / "bad.json")
+
+
+def test_examples_ship_as_package_data():
+    import tomllib
+    from pathlib import Path
+
+    data = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert "data/models/*.json" in data["tool"]["setuptools"]["package-data"]["graphs"]
+    assert set(examples()) == {"gpt2", "llama-3-8b", "mixtral-8x7b"}

@@ -1,0 +1,104 @@
+"""gnn_policy.patch / unpatch on tiny blocks built from configs, through Triton's interpreter."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import gnn_policy
+from graphs.model_config import ModelSpec
+from gnn_policy import ops, patching
+from gnn_policy.benchmarks.blocks import build
+from gnn_policy.kernels.reference import TOLERANCE, relative_error
+from gnn_policy.patching import TritonLinear
+
+LLAMA = ModelSpec("tiny-llama", hidden=32, intermediate=64, heads=4, kv_heads=2, head_dim=8, layers=1, vocab=64,
+                  activation="silu", gated=True)
+GPT2 = ModelSpec("tiny-gpt2", hidden=32, intermediate=64, heads=4, kv_heads=4, head_dim=8, layers=1, vocab=64,
+                 activation="gelu", gated=False, bias=True, mlp_bias=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    patching._WARNED.clear()
+    yield
+    patching._WARNED.clear()
+
+
+def _fused(model):
+    return {name: (m.activation, m.residual) for name, m in model.named_modules() if isinstance(m, TritonLinear)}
+
+
+@pytest.mark.parametrize("spec, fused", [
+    (LLAMA, {"self_attn.q_proj": (None, False), "self_attn.k_proj": (None, False), "self_attn.v_proj": (None, False),
+             "self_attn.o_proj": (None, True), "mlp.gate_proj": ("silu", False), "mlp.up_proj": (None, False),
+             "mlp.down_proj": (None, True)}),
+    (GPT2, {"attn.c_attn": (None, False), "attn.c_proj": (None, True), "mlp.c_fc": ("gelu", False),
+            "mlp.c_proj": (None, True)}),
+])
+def test_patched_blocks_match_torch_and_unpatch_restores(spec, fused):
+    block, (x,) = build(spec, 5, device="cpu", dtype=torch.float32)
+    with torch.no_grad():
+        want = block(x)
+        patched = gnn_policy.patch(block)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="gnn_policy.patch")  # nothing falls back
+            got = patched(x)
+    assert _fused(patched) == fused
+    assert relative_error(got, want.double()) < TOLERANCE[torch.float32]
+    assert gnn_policy.unpatch(patched) is block
+    assert not _fused(block) and type(block.self_attn["q_proj"] if spec.gated else block.attn["c_attn"]) is nn.Linear
+
+
+def test_fp16_runs_the_policys_pick_cached_per_shape():
+    ops.policy_config.cache_clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 48), nn.GELU(), nn.Linear(48, 16)).half()
+    x = torch.randn(6, 32, dtype=torch.float16)
+    with torch.inference_mode():
+        want = model(x)
+        patched = gnn_policy.patch(model)
+        got = patched(x)
+        patched(x)
+    assert _fused(patched) == {"0": ("gelu", False), "2": (None, False)}
+    assert relative_error(got, want.double()) < TOLERANCE[torch.float16]
+    assert ops.policy_config.cache_info().currsize == 2  # one pick per shape, reused by the second call
+
+
+def test_autograd_falls_back_to_torch_with_one_warning():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    patched = gnn_policy.patch(model)
+    x = torch.randn(3, 16)
+    with pytest.warns(UserWarning, match="no backward pass") as record:
+        y = patched(x)
+        patched(x)
+    assert len([w for w in record if "gnn_policy.patch" in str(w.message)]) == 1
+    y.sum().backward()  # torch's ops ran: gradients flow
+    assert model[0].weight.grad is not None
+    with pytest.warns(UserWarning, match="float64"):
+        with torch.no_grad():
+            assert torch.equal(patched.double()(x.double()), model(x.double()))
+
+
+def test_an_untraceable_model_is_patched_in_place_without_fusion():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x)) if x.sum() > 0 else self.fc(x)
+
+    model = Branchy()
+    linear = model.fc
+    with pytest.warns(UserWarning, match="cannot trace Branchy"):
+        patched = gnn_policy.patch(model)
+    assert patched is model and _fused(model) == {"fc": (None, False)}
+    assert set(model.state_dict()) == {"fc.weight", "fc.bias"}  # the parameters once, under their names
+    x = torch.ones(2, 8)
+    with torch.no_grad():
+        assert relative_error(model(x), torch.relu(linear(x)).double()) < TOLERANCE[torch.float32]
+    with pytest.raises(ValueError, match="already patched"):
+        gnn_policy.patch(model)
+    assert gnn_policy.unpatch(model).fc is linear
