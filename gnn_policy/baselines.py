@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from graphs import GemmProblem
 from hardware_specs import GpuSpec
-from gnn_policy.space import ConfigSpace, TileConfig, tma_fits, violations
+from gnn_policy.space import TMA_VARIANTS, ConfigSpace, TileConfig, tma_fits, violations
 
 ANALYTIC = Path(__file__).resolve().parent.parent / "checkpoints" / "analytic.json"
 
@@ -27,7 +27,7 @@ def fits(space_: ConfigSpace, gpu: GpuSpec, problem: GemmProblem, mask: Any = No
     def ok(c: TileConfig) -> bool:
         if c in space_:
             return bool(mask[space_.index(c)])
-        return not violations(c, gpu, problem.dtype, problem.k) and (c.variant != "tma" or tma_fits(problem))
+        return not violations(c, gpu, problem.dtype, problem.k) and (c.variant not in TMA_VARIANTS or tma_fits(problem))
 
     return ok
 

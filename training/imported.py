@@ -55,7 +55,7 @@ import hardware_specs
 from graphs import GemmProblem
 from graphs.suite import DATA as MODEL_SHAPES
 from gnn_policy.args import flag
-from gnn_policy.space import ConfigSpace, TileConfig, space, tma_fits, violations
+from gnn_policy.space import TMA_VARIANTS, ConfigSpace, TileConfig, space, tma_fits, violations
 
 TUNED_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "tuned_configs"
 SIXTEEN_BIT = {None: "bf16", "bf16": "bf16", "fp16": "fp16"}  # name's dtype -> ours (None: fp16/bf16)
@@ -192,7 +192,7 @@ def to_space(entry: dict, space_: ConfigSpace, gpu: hardware_specs.GpuSpec,
             why.append(f"num_stages {config.num_stages}->{max(fits)} (smem)")
             config = dataclasses.replace(config, num_stages=max(fits))
             broken = {v.rule for v in violations(config, gpu, problem.dtype, problem.k)}
-    if config.variant == "tma" and not tma_fits(problem):
+    if config.variant in TMA_VARIANTS and not tma_fits(problem):
         broken.add("tma-alignment")
     if broken:
         return None, [f"breaks {'+'.join(sorted(broken))}"]

@@ -34,7 +34,7 @@ from hardware_specs import GpuSpec, SpecError
 from gnn_policy.collect import config_pool, stratified_configs
 from gnn_policy.database import Database
 from gnn_policy.measure.simulator import AnalyticModel
-from gnn_policy.space import ConfigSpace, TileConfig, fits_k, tma_fits
+from gnn_policy.space import TMA_VARIANTS, ConfigSpace, TileConfig, fits_k, tma_fits
 from training.dataset import Sample, demonstration_samples, load_samples
 from training.imported import Demonstration
 
@@ -86,7 +86,7 @@ class Simulation:
             if p.dtype not in pools:
                 mask = self.space.mask(gpu, p.dtype).flatten().tolist()
                 pools[p.dtype] = config_pool([c for c, ok in zip(_points(self.space), mask) if ok], POOL, self.seed)
-            fit = [c for c in pools[p.dtype] if fits_k(c, p.k) and (c.variant != "tma" or tma_fits(p))]
+            fit = [c for c in pools[p.dtype] if fits_k(c, p.k) and (c.variant not in TMA_VARIANTS or tma_fits(p))]
             chosen = stratified_configs(fit, self.configs, random.Random(f"{self.seed}:{gpu.name}:{p.key}"))
             tflops = self.analytic.predict_tflops(p, chosen, gpu)
             out.append(Sample(problem=p, gpu=gpu.name, graph=problem_graph(p),

@@ -28,7 +28,7 @@ import torch
 
 from graphs import GemmProblem
 from hardware_specs import GpuSpec
-from gnn_policy.space import DTYPE_BYTES, TileConfig
+from gnn_policy.space import DTYPE_BYTES, TMA_VARIANTS, TileConfig
 
 COEFFICIENTS = ("tile_half", "efficiency", "iter_us", "launch_us", "bandwidth", "l2_miss", "splitk_us",
                 "tma_gain", "warp_gain")
@@ -77,7 +77,7 @@ def _features(rows: Sequence[tuple[GemmProblem, TileConfig, GpuSpec]]) -> dict[s
         for key, value in (
                 ("flops_prog", 2.0 * c.block_m * c.block_n * c.block_k * k_iters), ("progs", progs),
                 ("slots", g.sm_count * per_sm), ("per_sm", per_sm), ("k_iters", k_iters),
-                ("stages", c.num_stages), ("tma", float(c.variant == "tma")), ("tile", c.block_m * c.block_n),
+                ("stages", c.num_stages), ("tma", float(c.variant in TMA_VARIANTS)), ("tile", c.block_m * c.block_n),
                 ("warps", c.num_warps), ("peak_sm_us", peak * 1e6 / g.sm_count),
                 ("bytes_a", e * p.batch * p.m * p.k), ("bytes_b", e * p.batch * p.k * p.n), ("bytes_out", out),
                 ("tiles_m", tiles_m), ("tiles_n", tiles_n), ("group", c.group_m),
