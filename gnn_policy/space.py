@@ -177,6 +177,11 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
                                  "Triton leaves other kernels unspecialised"))
         if config.block_m < 64:
             out.append(Violation("warpspec", f"warp specialisation needs BLOCK_M >= 64 (got {config.block_m})"))
+        # Triton 3.6 splits a 64-row tile between the consumers along N, and aborts on a
+        # 64x256 tile (assertion in MMAHelpers.h, "Instruction shape is too large for the
+        # layout"; on the H200 and in a CPU compile for sm_90).
+        if config.block_m == 64 and config.block_n == 256:
+            out.append(Violation("warpspec", "Triton's compiler aborts on a warp-specialised 64x256 tile"))
         # Compiled for the H200 (benchmarks.resources, 2026-12-04): with split-K, 6 of 16
         # accepted configs spilled (up to 128 registers) and one did not compile.
         if config.split_k > 1:
