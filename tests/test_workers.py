@@ -51,7 +51,7 @@ def test_a_compiler_that_aborts_loses_one_job_not_the_stream():
 
     problem = GemmProblem(64, 64, 64)
     configs = [TileConfig(bm, 32, 32) for bm in (32, 16, 64, 128, 16, 32)]
-    with CompilePool(workers=2, timeout_s=1.0, fn=compile_or_abort, grace_s=1.0) as pool:
+    with CompilePool(workers=2, timeout_s=60.0, fn=compile_or_abort) as pool:
         results = list(pool.stream((problem, c) for c in configs))
     assert [r.config for r in results] == [c.key for c in configs]
     assert [r.status for r in results] == ["ok", "compile_error", "ok", "ok", "compile_error", "ok"]

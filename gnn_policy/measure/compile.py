@@ -98,8 +98,9 @@ def default_workers() -> int:
     return max(1, min(32, (os.cpu_count() or 2) - 1))
 
 
-def _numbered(job: tuple[int, Any, tuple]) -> tuple[int, CompileResult]:
-    index, fn, args = job
+def _numbered(job: tuple[int, Any, tuple, Any]) -> tuple[int, CompileResult]:
+    index, fn, args, started = job
+    started[index] = os.getpid()  # so the parent can tell a job whose process died
     return index, fn(args)
 
 
@@ -107,37 +108,47 @@ class CompilePool:
     """Compile worker processes kept alive across batches (a search measures in many small ones).
 
     A compiler that aborts (a failed C++ assertion in Triton kills its process; seen on the
-    H200 for some persistent configs) loses its job without a word: the pool starts a new
-    worker, and the job's result is recorded as a `compile_error` once it is overdue.
+    H200 for warp-specialised 64x256 tiles) loses its job without a word: the pool starts a
+    new worker. Each job records which process took it, so a job whose process is gone is
+    recorded as a `compile_error` at once; a job past twice the compile alarm plus `grace_s`
+    is recorded so too, whatever the reason.
     """
 
     def __init__(self, workers: int | None = None, timeout_s: float = 120.0,
                  fn: Callable[[tuple], CompileResult] | None = None, grace_s: float = 30.0):
         self.timeout_s, self.grace_s = timeout_s, grace_s
         self.fn = fn or compile_one
-        self._pool = multiprocessing.get_context("spawn").Pool(workers or default_workers())  # CUDA cannot fork
+        context = multiprocessing.get_context("spawn")  # CUDA cannot fork
+        self._pool = context.Pool(workers or default_workers())
+        self._manager = context.Manager()
+        self._started = self._manager.dict()
+
+    def _lost(self, index: int) -> bool:
+        pid = self._started.get(index)
+        return pid is not None and pid not in {w.pid for w in self._pool._pool}
 
     def stream(self, jobs: Iterable[tuple[GemmProblem, TileConfig]]) -> Iterator[CompileResult]:
         """One CompileResult per job, in job order, while the workers run ahead."""
         jobs = list(jobs)
+        self._started.clear()
         results = self._pool.imap_unordered(
-            _numbered, ((i, self.fn, (p, c, self.timeout_s)) for i, (p, c) in enumerate(jobs)))
+            _numbered, ((i, self.fn, (p, c, self.timeout_s), self._started) for i, (p, c) in enumerate(jobs)))
         done: dict[int, CompileResult] = {}
         for i, (problem, config) in enumerate(jobs):
-            # a live worker answers within its alarm; past twice that, the job's process died
             overdue = time.monotonic() + 2 * self.timeout_s + self.grace_s
-            while i not in done and time.monotonic() < overdue:
+            while i not in done and time.monotonic() < overdue and not self._lost(i):
                 try:
-                    index, result = results.next(timeout=max(0.0, overdue - time.monotonic()))
+                    index, result = results.next(timeout=1.0)
                     done[index] = result
                 except multiprocessing.TimeoutError:
-                    break
+                    continue
             yield done.pop(i, None) or CompileResult(problem.key, config.key, "compile_error", 0.0,
                                                      "the compiler process died (an abort inside Triton)")
 
     def close(self) -> None:
         self._pool.terminate()  # compiles in flight are abandoned
         self._pool.join()
+        self._manager.shutdown()
 
     def __enter__(self) -> CompilePool:
         return self
