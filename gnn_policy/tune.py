@@ -47,6 +47,7 @@ def run(args: TuneArgs) -> dict:
 
     import hardware_specs
     from graphs import GemmProblem
+    from gnn_policy import calibration
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
     problem = GemmProblem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype, bias=args.bias,
@@ -59,9 +60,15 @@ def run(args: TuneArgs) -> dict:
     policy.top_k(problem, gpu, args.top_k)  # the first call builds the GPU's validity mask
     start = time.perf_counter()
     picks = policy.top_k(problem, gpu, args.top_k)
-    out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": round(1e3 * (time.perf_counter() - start), 2),
+    elapsed_ms = round(1e3 * (time.perf_counter() - start), 2)
+    # a displayed figure is a calibrated one, never above the roofline
+    fits = calibration.load(args.checkpoint or DEFAULT_CHECKPOINT)
+    shown = [calibration.calibrated(p.predicted_tflops, problem, gpu, fits) for p in picks]
+    out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": elapsed_ms,
+           "roofline_tflops": round(calibration.roofline_tflops(problem, gpu), 1),
+           "calibrated": bool(shown) and shown[0][1],
            "picks": [{"config": p.config.key, "probability": round(p.probability, 5),
-                      "predicted_tflops": round(p.predicted_tflops, 1)} for p in picks]}
+                      "predicted_tflops": round(tf, 1)} for p, (tf, _) in zip(picks, shown)]}
     if args.measure:
         out.update(_measure(problem, gpu, [p.config for p in picks], out["picks"]))
     return out
@@ -94,7 +101,9 @@ def _measure(problem, gpu, configs, rows: list[dict]) -> dict:
 
 
 def table(out: dict) -> str:
-    lines = [f"{out['problem']} on {out['gpu']} (prediction {out['prediction_ms']} ms)",
+    how = "calibrated on measurements" if out["calibrated"] else "not calibrated for this GPU, capped"
+    lines = [f"{out['problem']} on {out['gpu']} (prediction {out['prediction_ms']} ms); predicted TFLOP/s "
+             f"{how} (roofline {out['roofline_tflops']})",
              f"{'#':>2}  {'config':<40} {'prob':>8} {'pred TF/s':>10}" + ("  measured" if "cublas_tflops" in out else "")]
     for i, p in enumerate(out["picks"], 1):
         lines.append(f"{i:>2}  {p['config']:<40} {p['probability']:>8.4f} {p['predicted_tflops']:>10.1f}"

@@ -59,3 +59,15 @@ def test_tune_ranks_the_problem_in_the_layouts_given():
     _, args = parse(["tune", "--m", "16", "--n", "4096", "--k", "4096", "--linear", "--top-k", "2"])
     out = run(args)
     assert out["problem"] == "1x16x4096x4096_bf16_rc" and len(out["picks"]) == 2
+
+
+def test_tune_shows_calibrated_figures_under_the_roofline():
+    """(16, 4096, 4096) with bias and GELU: its memory traffic alone caps it near 77 TFLOP/s,
+    where the raw cost head once predicted 184."""
+    from gnn_policy.tune import run, table
+
+    _, args = parse(["tune", "--m", "16", "--n", "4096", "--k", "4096", "--bias", "--activation", "gelu"])
+    out = run(args)
+    assert out["calibrated"] and 70 < out["roofline_tflops"] < 80
+    assert all(0 < p["predicted_tflops"] <= out["roofline_tflops"] for p in out["picks"])
+    assert f"roofline {out['roofline_tflops']}" in table(out)
