@@ -137,6 +137,17 @@ def matmul_kernel(
     c_base = c_ptr + pid_b * stride_cb
     r_base = res_ptr + pid_b * stride_rb
     c_row0 = pid_b * c_desc_rows
+    _finish(acc, (pid_b * tl.num_programs(0) + pid).to(tl.int64), pid_k, pid_m, pid_n, M, N, c_base,
+            c_desc, c_row0, stride_cm, stride_cn, bias_ptr, r_base, stride_rm, stride_rn, ws_ptr,
+            lock_ptr, BLOCK_M, BLOCK_N, SPLIT_K, ACTIVATION, HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
+
+
+@triton.jit
+def _finish(acc, tile, pid_k, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn,
+            bias_ptr, r_base, stride_rm, stride_rn, ws_ptr, lock_ptr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, ACTIVATION: tl.constexpr,
+            HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, TMA_STORE: tl.constexpr):
+    """The epilogue of one output tile, after the split-K reduction when K was split."""
     if SPLIT_K == 1:
         _epilogue(acc, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn, bias_ptr,
                   r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS,
@@ -144,7 +155,6 @@ def matmul_kernel(
     else:
         # Workspace [tiles, SPLIT_K, BLOCK_M, BLOCK_N] fp32: whole tiles, contiguous, so the
         # partials move as unmasked vector accesses whatever M and N are.
-        tile = (pid_b * tl.num_programs(0) + pid).to(tl.int64)
         offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         ws_tile = ws_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N)
         tl.store(ws_tile + pid_k * (BLOCK_M * BLOCK_N) + offs_tile, acc)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gnn_policy.kernels.matmul import _epilogue, _tile_coords
+from gnn_policy.kernels.matmul import _finish, _tile_coords
 
 
 @triton.jit
@@ -89,25 +89,9 @@ def persistent_kernel(
         c_base = c_ptr + pid_b * stride_cb
         r_base = res_ptr + pid_b * stride_rb
         c_row0 = pid_b * c_desc_rows
-        if SPLIT_K == 1:
-            _epilogue(acc, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn,
-                      bias_ptr, r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION,
-                      HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
-        else:
-            tile = (pid_b * tiles + pid).to(tl.int64)
-            offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            ws_tile = ws_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N)
-            tl.store(ws_tile + pid_k * (BLOCK_M * BLOCK_N) + offs_tile, acc)
-            tl.debug_barrier()  # every thread's partial is written before the counter moves
-            arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):
-                    total += tl.load(ws_tile + s * (BLOCK_M * BLOCK_N) + offs_tile, cache_modifier=".cg")
-                _epilogue(total, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn,
-                          bias_ptr, r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION,
-                          HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
-                tl.store(lock_ptr + tile, 0)
+        _finish(acc, (pid_b * tiles + pid).to(tl.int64), pid_k, pid_m, pid_n, M, N, c_base, c_desc,
+                c_row0, stride_cm, stride_cn, bias_ptr, r_base, stride_rm, stride_rn, ws_ptr, lock_ptr,
+                BLOCK_M, BLOCK_N, SPLIT_K, ACTIVATION, HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
 
 
 def units(config, m: int, n: int, batch: int) -> int:
