@@ -4,26 +4,34 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from gnn_policy.args import flag
+from graphs.problem import DTYPES, EPILOGUE_ACTIVATIONS
+from gnn_policy.args import at_least, flag, one_of
+from gnn_policy.limits import addressing_error, check_fits
 
 
 @dataclasses.dataclass(frozen=True)
 class TuneArgs:
     """Rank tile configs for one GEMM with the policy (and, on a GPU, --measure them)."""
 
-    m: int = flag(help="rows of A and C")
-    n: int = flag(help="columns of B and C")
-    k: int = flag(help="the reduction length")
-    batch: int = flag(1, "batch count")
-    dtype: str = flag("bf16", "fp16, bf16 or fp32")
+    m: int = flag(help="rows of A and C", check=at_least(1))
+    n: int = flag(help="columns of B and C", check=at_least(1))
+    k: int = flag(help="the reduction length", check=at_least(1))
+    batch: int = flag(1, "batch count", check=at_least(1))
+    dtype: str = flag("bf16", "fp16, bf16 or fp32", check=one_of(*DTYPES))
     bias: bool = flag(False, "a bias over N is fused")
-    activation: str = flag("", "fused activation: relu, gelu or silu")
+    activation: str = flag("", "fused activation: relu, gelu or silu (or none)",
+                           check=one_of("", "none", *filter(None, EPILOGUE_ACTIVATIONS)))
     residual: bool = flag(False, "a residual add is fused")
     gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
-    top_k: int = flag(8, "configs to print")
+    top_k: int = flag(8, "configs to print", check=at_least(1))
     checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
     json: bool = flag(False, "print JSON")
     measure: bool = flag(False, "time the picks and cuBLAS on the local GPU (needs CUDA)")
+
+    def __post_init__(self) -> None:
+        why = addressing_error(self.m, self.n, self.k, self.batch)
+        if why:
+            raise ValueError(f"M={self.m}, N={self.n}, K={self.k}, batch={self.batch}: {why}")
 
 
 def run(args: TuneArgs) -> dict:
@@ -34,11 +42,15 @@ def run(args: TuneArgs) -> dict:
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
     problem = GemmProblem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype, bias=args.bias,
-                          activation=args.activation or None, residual=args.residual)
+                          activation=args.activation if args.activation not in ("", "none") else None,
+                          residual=args.residual)
     if args.gpu:
         gpu = hardware_specs.load(args.gpu)
     else:
         gpu = hardware_specs.detect() if torch.cuda.is_available() else hardware_specs.load("h200")
+    check_fits(problem, gpu)
+    if args.measure and not torch.cuda.is_available():
+        raise hardware_specs.SpecError("--measure needs a CUDA GPU; without one, tune only predicts")
     policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
     policy.top_k(problem, gpu, args.top_k)  # the first call builds the GPU's validity mask
     start = time.perf_counter()
@@ -52,10 +64,6 @@ def run(args: TuneArgs) -> dict:
 
 
 def _measure(problem, gpu, configs, rows: list[dict]) -> dict:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("--measure needs a CUDA GPU; without one, tune only predicts")
     from gnn_policy.measure.runner import measure_configs
 
     results = list(measure_configs(problem, [*configs, None], gpu=gpu.name))
