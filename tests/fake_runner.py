@@ -27,3 +27,12 @@ def measure(problem, configs, *, gpu, crash_on=(), hang_on=(), report_crash_on=(
             yield Measurement(gpu, problem.key, config.key, "crashed", error="CUDA error: illegal address")
             continue
         yield Measurement(gpu, problem.key, config.key, "ok", median_ms=1.0, tflops=float(config.block_m))
+
+
+def slow(problem, configs, *, gpu, **options):
+    """`measure` with a pause before each config ($FAKE_RUNNER_PAUSE seconds, default 0.02): a
+    collection long enough for a test to interrupt it mid-problem."""
+    pause = float(os.environ.get("FAKE_RUNNER_PAUSE", "0.02"))
+    for config in configs:
+        time.sleep(pause)
+        yield from measure(problem, [config], gpu=gpu, **options)

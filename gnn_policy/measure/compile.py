@@ -17,6 +17,7 @@ import time
 from typing import Iterable, Iterator, Sequence
 
 from graphs import GemmProblem
+from gnn_policy.interrupts import children_ignore_sigint, quiet_child
 from gnn_policy.space import TileConfig
 
 
@@ -100,7 +101,9 @@ class CompilePool:
 
     def __init__(self, workers: int | None = None, timeout_s: float = 120.0):
         self.timeout_s = timeout_s
-        self._pool = multiprocessing.get_context("spawn").Pool(workers or default_workers())  # CUDA cannot fork
+        with children_ignore_sigint():  # Ctrl-C is the parent's: a worker would only print a traceback
+            self._pool = multiprocessing.get_context("spawn").Pool(  # CUDA cannot fork
+                workers or default_workers(), initializer=quiet_child, initargs=(os.getpid(),))
 
     def stream(self, jobs: Iterable[tuple[GemmProblem, TileConfig]]) -> Iterator[CompileResult]:
         """One CompileResult per job, in job order, while the workers run ahead."""
