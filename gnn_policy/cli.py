@@ -118,8 +118,8 @@ def run_stats(args: StatsArgs) -> int:
     read_only = path.exists() and read_only_reason(path)
     # only the default database is made here: a mistyped --db must not leave an empty one behind
     with Database(path, create=path == DEFAULT_PATH, readonly=bool(read_only)) as db:
-        if read_only and unloaded(db):
-            print(f"gnn-policy stats: {path} is read-only ({read_only}): {len(unloaded(db))} shards not loaded "
+        if read_only and (missing := unloaded(db)):
+            print(f"gnn-policy stats: {path} is read-only ({read_only}): {len(missing)} shards not loaded "
                   "into it are not counted", file=sys.stderr)
         elif not read_only:
             load_shipped(db)  # the shipped snapshot, loaded once

@@ -2,16 +2,16 @@
 
 A shard is written at the end of a `collect` or `confirm` run with the rows that run added
 (measurements, and re-timings marked `"kind": "retime"`), and is loaded
-into the SQLite database on first use (recorded in its meta table, so never twice). Rows a
-run could not export (it was killed, or the disk refused the shard) stay pending in the
-database and go into the next run's shard (`RunExport`). Shards
+into the SQLite database on first use (recorded in its meta table, so never twice). Shards
 instead of one committed SQLite file, because re-committing a growing binary after every run
-would bloat the git history.
+would bloat the git history. Rows a run could not export (it was killed, or the disk refused
+the shard) stay pending in the database and go into the next run's shard (`RunExport`).
 """
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -40,17 +40,20 @@ def export_shard(db: Database, path: Path, since: tuple[int, int]) -> int:
 
 def _rows(db: Database, spans: list[list]) -> list[dict]:
     """The rows of row-id spans [measurement id, retime id, then up to (None: no end)], each once."""
-    out = []
-    for table, read in ((0, db.rows_after), (1, db.retimes_after)):
-        ends = sorted(((s[table], s[table + 2]) for s in spans), key=lambda e: (e[0], e[1] is None, e[1] or 0))
-        merged: list[list] = []
-        for lo, hi in ends:  # overlapping spans (a run's own, also recorded as pending) read once
-            if merged and (merged[-1][1] is None or lo <= merged[-1][1]):
-                merged[-1][1] = None if None in (hi, merged[-1][1]) else max(hi, merged[-1][1])
-            else:
-                merged.append([lo, hi])
-        out += [dict(r, kind="retime") if table else r for lo, hi in merged for r in read(lo, hi)]
-    return out
+    return ([r for lo, hi in _merged([(s[0], s[2]) for s in spans]) for r in db.rows_after(lo, hi)]
+            + [dict(r, kind="retime") for lo, hi in _merged([(s[1], s[3]) for s in spans])
+               for r in db.retimes_after(lo, hi)])
+
+
+def _merged(spans: list[tuple]) -> list[tuple]:
+    """(after, up to) id spans with the overlaps joined: a run's own span is also among the pending."""
+    out: list[list] = []
+    for lo, hi in sorted((lo, math.inf if hi is None else hi) for lo, hi in spans):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, None if hi == math.inf else hi) for lo, hi in out]
 
 
 def _write(path: Path, rows: list[dict]) -> int:

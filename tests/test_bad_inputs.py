@@ -123,7 +123,7 @@ CHECKPOINTS = {  # file attribute -> what the message says about it
     "truncated": "truncated", "empty": "is empty", "random": "not a policy checkpoint",
     "code": "nothing in it was run", "code4": "nothing in it was run", "code_zip": "nothing in it was run",
     "keys": "expected the keys model_config and state_dict", "listed": "found list",
-    "weights": "do not make a policy", "folder": "a folder"}
+    "weights": "weights do not fit its model_config", "folder": "a folder"}
 
 
 @pytest.mark.parametrize("kind", CHECKPOINTS)
