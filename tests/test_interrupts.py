@@ -94,6 +94,7 @@ def test_a_stopped_collection_resumes_to_the_uninterrupted_rows(uninterrupted, t
             pass
         time.sleep(0.1)
     time.sleep(0.3)  # into the second problem
+    assert proc.poll() is None, proc.communicate()[1]
     {"ctrl-c": lambda: os.killpg(proc.pid, signal.SIGINT), "kill": proc.terminate, "kill-9": proc.kill}[how]()
     _, err = proc.communicate(timeout=60)
     stored = _rows(db)
