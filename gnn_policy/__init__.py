@@ -6,10 +6,11 @@ decorators, which must see TRITON_INTERPRET (for CPU-only machines) before they 
 """
 from typing import Any
 
+from gnn_policy.checkpoint import CheckpointError
 from gnn_policy.space import ConfigSpace, TileConfig, Violation, named_list, space, violations
 
-__all__ = ["ConfigSpace", "InvalidConfigError", "TileConfig", "Violation", "matmul", "named_list", "patch",
-           "space", "unpatch", "violations"]
+__all__ = ["CheckpointError", "ConfigSpace", "InvalidConfigError", "TileConfig", "Violation", "matmul",
+           "named_list", "patch", "space", "unpatch", "violations"]
 __version__ = "0.1.0"
 
 

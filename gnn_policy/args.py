@@ -1,17 +1,81 @@
-"""Command options as frozen dataclasses: each field's metadata carries its --help text."""
+"""Command options as frozen dataclasses: each field's metadata carries its --help text.
+
+A field's `check` is argparse's `type=`: it turns the flag's text into the value or refuses it,
+so a bad value is argparse's one-line usage error (exit 2) before anything runs. Checks that
+read several fields (a GEMM too large to address, a budget for too few problems) live in the
+dataclass's `__post_init__` as a ValueError, which the command line reports the same way.
+"""
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+import math
+from typing import Any, Callable
 
 
 def flag(default: Any = dataclasses.MISSING, help: str = "", **extra: Any) -> Any:
     """A dataclass field that is also a command-line flag (no default: a required flag).
 
     A bool on by default becomes --no-<name>; `off="..."` is that flag's help text.
+    `check=` (a callable of the flag's text) validates and converts it, e.g. `at_least(1)`.
     """
     return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+def _number(text: str, kind: type) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def at_least(low: float, kind: type = int) -> Callable[[str], Any]:
+    """A number >= low (int by default)."""
+    def check(text: str) -> Any:
+        value = _number(text, kind)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
+        return value
+
+    check.__name__ = f"{kind.__name__} >= {low}"
+    return check
+
+
+def positive(text: str) -> float:
+    """A finite number > 0 (seconds, a learning rate)."""
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def one_of(*names: str) -> Callable[[str], str]:
+    """One of `names`, in any letter case; returned as spelled in `names`."""
+    by_lower = {n.lower(): n for n in names}
+
+    def check(text: str) -> str:
+        if text.lower() not in by_lower:
+            shown = ", ".join(repr(n) for n in names)
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {shown}")
+        return by_lower[text.lower()]
+
+    check.__name__ = "choice"
+    return check
+
+
+def int_list(low: int) -> Callable[[str], str]:
+    """Comma-separated integers >= low ("1,2,4"), kept as the text the field stores."""
+    def check(text: str) -> str:
+        items = [t.strip() for t in text.split(",")]
+        for item in items:
+            at_least(low)(item)
+        return ",".join(items)
+
+    check.__name__ = "list"
+    return check
 
 
 def add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -32,15 +96,24 @@ def add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(f"--{name}", dest=f.name, action="append", default=None,
                                 help=f"{help_text} (default: {', '.join(f.default)})")
         else:
-            kind = {"int": int, "float": float, "str": str}.get(str(f.type), type(f.default))
+            kind = meta.get("check") or {"int": int, "float": float, "str": str}.get(str(f.type), type(f.default))
             parser.add_argument(f"--{name}", dest=f.name, type=kind, default=None, required=required,
                                 help=help_text if required else f"{help_text} (default: {f.default!r})")
 
 
 def build(cls: type, ns: dict[str, Any]) -> Any:
-    """The dataclass from parsed flags; flags not given keep the field defaults."""
+    """The dataclass from parsed flags; flags not given keep the field defaults.
+
+    Values that did not pass through argparse (a --config file's) get the fields' checks here;
+    a refused one raises ValueError naming its flag."""
     values = {k: v for k, v in ns.items() if v is not None}
     for f in dataclasses.fields(cls):
         if (f.metadata.get("action") == "append" or isinstance(f.default, tuple)) and f.name in values:
             values[f.name] = tuple(values[f.name])
+        check = f.metadata.get("check")
+        if check and f.name in values and isinstance(values[f.name], (int, float, str)):
+            try:
+                values[f.name] = check(str(values[f.name]))
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"--{f.name.replace('_', '-')}: {exc}") from None
     return cls(**values)

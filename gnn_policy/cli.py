@@ -10,10 +10,17 @@ from typing import Any, Callable, Sequence
 
 import hardware_specs
 from gnn_policy.args import add_fields, build, flag
+from gnn_policy.checkpoint import CheckpointError
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
 from gnn_policy.export import ExportArgs
 from gnn_policy.sweep import SweepArgs
+from gnn_policy.database import DEFAULT_PATH, DatabaseError
+from gnn_policy.interrupts import EXIT_INTERRUPTED, Interrupted, terminate_as_interrupt
+from gnn_policy.limits import ProblemTooLarge
+from gnn_policy.measure.replay import ReplayError
+from gnn_policy.measure.workers import WorkerError
+from gnn_policy.snapshot import ExportError
 from gnn_policy.tune import TuneArgs
 from training.bench import BenchArgs
 from training.finetune import FinetuneArgs, FinetuneError
@@ -21,7 +28,11 @@ from training.imported import ImportedArgs
 from training.meta_pretrain import MetaPretrainArgs
 from training.pretrain import PretrainArgs
 from training.transfer import TransferArgs, TransferError
-from gnn_policy.database import DEFAULT_PATH, DatabaseError
+
+# What a user can get wrong or run into (a bad file, a full disk, a GPU that is not here): the
+# message names the culprit, so it is printed alone, without a traceback.
+USER_ERRORS = (hardware_specs.SpecError, DatabaseError, FileNotFoundError, FinetuneError, TransferError,
+               CheckpointError, ProblemTooLarge, ReplayError, WorkerError, ExportError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +48,8 @@ class SpecsArgs:
 class StatsArgs:
     """Count the measurements in a database (with the shipped snapshot loaded): per GPU, source, status and split."""
 
-    db: str = flag(str(DEFAULT_PATH), "the SQLite database ($GNN_POLICY_DB)")
+    db: str = flag(str(DEFAULT_PATH), "the SQLite database ($GNN_POLICY_DB); only this default one is created "
+                                      "(and filled from the shipped snapshot) when missing")
     json: bool = flag(False, "print JSON: gpus -> name -> {real_ok, real_failed, problems, configs}, and "
                              "splits -> name -> split -> {problems, real_ok, real_failed}")
 
@@ -101,14 +113,21 @@ def run_specs(args: SpecsArgs) -> int:
 
 def run_stats(args: StatsArgs) -> int:
     import time
+    from pathlib import Path
 
-    from gnn_policy.database import Database
-    from gnn_policy.snapshot import load_shipped, pending
+    from gnn_policy.database import Database, read_only_reason
+    from gnn_policy.snapshot import load_shipped, unloaded
 
-    with Database(os.path.expanduser(args.db)) as db:
-        todo = pending(db)
-        if todo:  # the first use of a database: loading takes a while, so say what is happening
-            print(f"gnn-policy stats: loading {len(todo)} shards of the shipped snapshot into {args.db} "
+    path = Path(os.path.expanduser(args.db))
+    read_only = path.exists() and read_only_reason(path)
+    # only the default database is made here: a mistyped --db must not leave an empty one behind
+    with Database(path, create=path == DEFAULT_PATH, readonly=bool(read_only)) as db:
+        missing = unloaded(db)
+        if read_only and missing:
+            print(f"gnn-policy stats: {path} is read-only ({read_only}): {len(missing)} shards not loaded "
+                  "into it are not counted", file=sys.stderr)
+        elif missing:  # the first use of a database: loading takes a while, so say what is happening
+            print(f"gnn-policy stats: loading {len(missing)} shards of the shipped snapshot into {path} "
                   "(once per database)...", file=sys.stderr, flush=True)
             start = time.perf_counter()
             rows = load_shipped(db)
@@ -305,26 +324,56 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
 
 
 def parse(argv: Sequence[str] | None = None) -> tuple[str, Any]:
+    """The command's name and its options; a bad value exits with argparse's usage error (2)."""
     parser = argparse.ArgumentParser(prog="gnn-policy", description="A learned autotuner for Triton GEMM kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
+    commands = {}
     for name, (cls, _) in COMMANDS.items():
-        add_fields(sub.add_parser(name, help=cls.__doc__, description=cls.__doc__), cls)
+        commands[name] = sub.add_parser(name, help=cls.__doc__, description=cls.__doc__)
+        add_fields(commands[name], cls)
     ns = vars(parser.parse_args(argv))
     name = ns.pop("command")
-    if ns.get("config"):  # a JSON file of the command's fields, under the flags given
-        given = {k for k, v in ns.items() if v is not None}
-        with open(ns["config"]) as f:
-            ns.update({k: v for k, v in json.load(f).items() if k not in given})
-    return name, build(COMMANDS[name][0], ns)
+    cls = COMMANDS[name][0]
+    try:
+        if ns.get("config"):  # a JSON file of the command's fields, under the flags given
+            given = {k for k, v in ns.items() if v is not None}
+            ns.update({k: v for k, v in _config(ns["config"], cls).items() if k not in given})
+        return name, build(cls, ns)
+    except ValueError as exc:  # a --config file's, or one that reads several flags (`__post_init__`)
+        commands[name].error(str(exc))
+
+
+def _config(path: str, cls: type) -> dict[str, Any]:
+    """The fields a --config JSON file sets; ValueError naming the file for anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            fields = json.load(f)
+    except (OSError, ValueError) as exc:  # a missing file, bytes that are not text, not JSON
+        raise ValueError(f"--config {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"--config {path}: expected a JSON object of the command's fields")
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"--config {path}: unknown fields {unknown} (the fields are the flags, - written _)")
+    return fields
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    name, args = parse(argv)
+    """Run one command; a user's error or an interrupt is one line on stderr, never a traceback."""
+    prog = "gnn-policy"
     try:
-        return COMMANDS[name][1](args)
-    except (hardware_specs.SpecError, DatabaseError, FileNotFoundError, FinetuneError,
-            TransferError) as exc:
-        print(f"gnn-policy {name}: {exc}", file=sys.stderr)
+        with terminate_as_interrupt():
+            name, args = parse(argv)
+            prog = f"gnn-policy {name}"
+            return COMMANDS[name][1](args)
+    except Interrupted as exc:
+        print(f"{prog}: interrupted: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except USER_ERRORS as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -28,10 +28,15 @@ from typing import Any, Callable, Iterator, Sequence
 from graphs import GemmProblem, random_gemms
 from graphs.random_gemms import SPLITS as RANDOM_SPLITS
 from graphs.suite import SPLITS, split
-from gnn_policy.args import flag
+from gnn_policy.args import at_least, flag, one_of, positive
 from gnn_policy.baselines import default_pick, fits
+from gnn_policy.interrupts import on_interrupt
 from gnn_policy.measure.result import CUBLAS, Measurement
+from gnn_policy.measure.workers import runner_path
 from gnn_policy.space import NAMED_LISTS, ConfigSpace, TileConfig, named_list, space
+
+
+SPLIT_NAMES = (*SPLITS, "all", *RANDOM_SPLITS)  # what --split accepts: `select_problems` draws from each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +46,14 @@ class CollectArgs:
     db: str = flag(help="the SQLite database to fill")
     gpu: str = flag("", "GPU spec name (default: the local device)")
     split: str = flag("train", f"split to draw problems from: a suite split ({', '.join(SPLITS)}) or all, or "
-                               f"a random one ({', '.join(RANDOM_SPLITS)}: graphs/random_gemms.py)")
+                               f"a random one ({', '.join(RANDOM_SPLITS)}: graphs/random_gemms.py)",
+                      check=one_of(*SPLIT_NAMES))
     problems: int = flag(0, "number of problems, spread evenly over families (0: the whole split); of a "
-                            "random split, its first N (required)")
-    configs: int = flag(200, "random valid configs per problem, stratified by (variant, SPLIT_K)")
+                            "random split, its first N (required)", check=at_least(0))
+    configs: int = flag(200, "random valid configs per problem, stratified by (variant, SPLIT_K)", check=at_least(1))
     pool: int = flag(1000, "configs per dtype that every problem draws its sample from (0: the whole "
-                           "valid space); a shared pool lets one compiled kernel serve many problems")
+                           "valid space); a shared pool lets one compiled kernel serve many problems",
+                     check=at_least(0))
     space: str = flag("full", "config space the sample comes from (gnn_policy.space.SPACES); its variants "
                               "and SPLIT_K values make the strata")
     lists: bool = flag(True, "also measure the named lists, default_config and cuBLAS")
@@ -54,17 +61,19 @@ class CollectArgs:
                                   action="append")
     default: bool = flag(True, "with --lists, also measure default_config as gnn_policy.matmul runs it")
     seed: int = flag(0, "random seed for the problem and config samples")
-    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout")
-    compile_timeout: float = flag(120.0, "seconds a config may take to compile before it is a timeout")
-    replays: int = flag(10, "at most this many CUDA-graph replays per timing (at least 3)")
-    time_limit: float = flag(0.0, "minutes after which the run stores what it has and stops (0: no limit)")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout",
+                          check=positive)
+    compile_timeout: float = flag(120.0, "seconds a config may take to compile before it is a timeout", check=positive)
+    replays: int = flag(10, "at most this many CUDA-graph replays per timing (at least 3)", check=at_least(1))
+    time_limit: float = flag(0.0, "minutes after which the run stores what it has and stops (0: no limit)",
+                             check=at_least(0, float))
     runner: str = flag("gnn_policy.measure.runner:measure_configs",
-                       "dotted path of the measuring function (package.module:function)")
+                       "dotted path of the measuring function (package.module:function)", check=runner_path)
     shard_dir: str = flag("", "write the rows this run adds to a new shard here (e.g. data/measurements)")
     max_gflop: float = flag(0.0, "only problems of at most this many GFLOP (0: any); on an SM slice a large "
-                                 "problem costs seconds per config")
+                                 "problem costs seconds per config", check=at_least(0, float))
     min_gflop: float = flag(0.0, "only problems of more than this many GFLOP (0: any): the large problems a "
-                                 "slice collected with --max-gflop lacks")
+                                 "slice collected with --max-gflop lacks", check=at_least(0, float))
 
 
 def select_problems(name: str, count: int, seed: int, max_gflop: float = 0.0,
@@ -186,9 +195,11 @@ def compile_ahead(jobs, runner: str, timeout_s: float = 120.0) -> Iterator | Non
     """CompileResults for the configs of `jobs` ((problem, configs), None for cuBLAS skipped),
     in order, compiled ahead on the CPU cores; None when nothing is compiled (no GPU, or a
     runner other than the real one)."""
+    if not runner.startswith("gnn_policy.measure.runner:"):
+        return None  # before torch is imported: another runner's run never needs it
     import torch
 
-    if not (torch.cuda.is_available() and runner.startswith("gnn_policy.measure.runner:")):
+    if not torch.cuda.is_available():
         return None
     from gnn_policy.measure.compile import compile_stream
 
@@ -200,7 +211,7 @@ def run(args: CollectArgs) -> dict:
     """Measure what is missing; returns counts (measured, skipped, per status) and timings."""
     import hardware_specs
     from gnn_policy.database import Database
-    from gnn_policy.snapshot import export_run, load_shipped
+    from gnn_policy.snapshot import RunExport, load_shipped
 
     gpu = hardware_specs.resolve(args.gpu)
     problems = select_problems(args.split, args.problems, args.seed, args.max_gflop, min_gflop=args.min_gflop)
@@ -209,13 +220,14 @@ def run(args: CollectArgs) -> dict:
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
     with Database(args.db) as db:
         counts["loaded_from_shards"] = load_shipped(db)
-        since = db.high_water()
+        export = RunExport(db, args.shard_dir, gpu.name) if args.shard_dir else None
         kernels: set[str] = set()
-        with worker_pool(gpu, args) as pool:
+        stopped = on_interrupt(lambda: stored_note(counts["measured"], args.db, args.shard_dir))
+        with stopped, worker_pool(gpu, args) as pool:
             measure_planned(db, gpu, plan(problems, gpu, args), args, counts, deadline, kernels, pool)
         finish_counts(counts, start, kernels)
-        if args.shard_dir:
-            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "", since)
+        if export is not None:
+            counts["shard_rows"] = export.write()
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
 
 
@@ -255,6 +267,9 @@ def measure_planned(db, gpu, planned: list[tuple[GemmProblem, list]], args, coun
             except ProblemSetupError as exc:  # what was measured stays; the rest is tried again later
                 tqdm.write(f"stopped {exc}")
                 counts["problems_failed_setup"] += 1
+            except KeyboardInterrupt:  # the problem in flight keeps what it has
+                counts["measured"] += db.add(rows)
+                raise
             counts["measure_s"] += time.monotonic() - t0
             bar.update(len(configs) - len(measure))
             for m, _, _ in rows:
@@ -264,6 +279,12 @@ def measure_planned(db, gpu, planned: list[tuple[GemmProblem, list]], args, coun
             counts["problems_done"] += time.monotonic() <= deadline
     if compiled is not None:
         compiled.close()  # stops compiles that a time limit left unused
+
+
+def stored_note(rows: int, db: str, shard_dir: str) -> str:
+    """What an interrupted run stored, and how to go on (`gnn_policy.interrupts`)."""
+    shard = ", not yet in a shard (the next run with --shard-dir writes them)" if shard_dir and rows else ""
+    return f"{rows} rows stored in {db}{shard}; run the same command again to resume"
 
 
 def finish_counts(counts: defaultdict, start: float, kernels: set[str]) -> None:

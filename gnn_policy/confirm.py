@@ -17,8 +17,10 @@ import random
 import time
 from collections import defaultdict
 
-from gnn_policy.args import flag
+from gnn_policy.args import at_least, flag, positive
+from gnn_policy.interrupts import on_interrupt
 from gnn_policy.measure.result import CUBLAS, Retime
+from gnn_policy.measure.workers import runner_path
 from gnn_policy.space import TileConfig
 
 
@@ -28,14 +30,16 @@ class ConfirmArgs:
 
     db: str = flag(help="the SQLite database (the shipped snapshot is loaded into it first)")
     gpu: str = flag("", "GPU spec name (default: the local device)")
-    top: int = flag(3, "fastest configs per problem to re-time, besides cuBLAS")
-    rounds: int = flag(3, "interleaved rounds: each contender is timed once per round")
+    top: int = flag(3, "fastest configs per problem to re-time, besides cuBLAS", check=at_least(1))
+    rounds: int = flag(3, "interleaved rounds: each contender is timed once per round", check=at_least(1))
     seed: int = flag(0, "seed of the per-round orders")
-    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout")
-    replays: int = flag(10, "at most this many CUDA-graph replays per timing (at least 3)")
-    time_limit: float = flag(0.0, "minutes after which the run stores what it has and stops (0: no limit)")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout",
+                          check=positive)
+    replays: int = flag(10, "at most this many CUDA-graph replays per timing (at least 3)", check=at_least(1))
+    time_limit: float = flag(0.0, "minutes after which the run stores what it has and stops (0: no limit)",
+                             check=at_least(0, float))
     runner: str = flag("gnn_policy.measure.runner:measure_configs",
-                       "dotted path of the measuring function (package.module:function)")
+                       "dotted path of the measuring function (package.module:function)", check=runner_path)
     shard_dir: str = flag("", "write the re-timings of this run to a new shard here (e.g. data/measurements)")
     split: str = flag("", "only the problems of this split (a family or random split, graphs.classes); "
                           "empty: every measured problem")
@@ -68,7 +72,7 @@ def run(args: ConfirmArgs) -> dict:
     from gnn_policy.collect import compile_ahead, take_compiled
     from gnn_policy.database import Database
     from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
-    from gnn_policy.snapshot import export_run, load_shipped, run_stamp
+    from gnn_policy.snapshot import RunExport, load_shipped, run_stamp
 
     gpu = hardware_specs.resolve(args.gpu)
     run_id = run_stamp()
@@ -77,7 +81,7 @@ def run(args: ConfirmArgs) -> dict:
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
     with Database(args.db) as db:
         load_shipped(db)
-        since = db.high_water()
+        export = RunExport(db, args.shard_dir, gpu.name, "retime") if args.shard_dir else None
         retimed = db.retimed(gpu.name)
         jobs = []
         for p in db.problems(gpu.name):
@@ -88,7 +92,9 @@ def run(args: ConfirmArgs) -> dict:
                 rng = random.Random(f"{args.seed}:{p.key}")
                 jobs.append((p, schedule(wanted, args.rounds, rng)))
         compiled = compile_ahead([(p, _unique(s)) for p, s in jobs], args.runner)
-        with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool:
+        stopped = on_interrupt(lambda: f"{counts['retimed']} re-timings stored in {args.db} (the problem in flight "
+                                       "is timed again); run the same command again to resume")
+        with stopped, WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=args.replays) as pool:
             for p, sched in tqdm(jobs, desc=f"confirm {gpu.name}", unit="problem"):
                 if time.monotonic() > deadline:
                     counts["stopped_by_time_limit"] = 1
@@ -107,7 +113,7 @@ def run(args: ConfirmArgs) -> dict:
                 counts["problems_done"] += 1
         if compiled is not None:
             compiled.close()
-        if args.shard_dir:
-            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "retime", since, run_id)
+        if export is not None:
+            counts["shard_rows"] = export.write(run_id)
     counts["wall_s"] = round(time.monotonic() - start, 1)
     return dict(counts)

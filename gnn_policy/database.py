@@ -14,6 +14,7 @@ Schema (SCHEMA below is the one definition):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -60,6 +61,7 @@ CREATE TABLE IF NOT EXISTS retimes (
 """
 
 
+_NO_END = 2**63 - 1  # SQLite's largest row id
 PROBLEM_COLUMNS = tuple(f.name for f in dataclasses.fields(GemmProblem))
 
 
@@ -72,16 +74,41 @@ class DatabaseError(RuntimeError):
     """The file is not a gnn-policy database, or is damaged."""
 
 
-class Database:
-    """Measurements of many GPUs, problems and configs; safe to re-open and resume."""
+def read_only_reason(path: str | Path) -> str | None:
+    """Why this process cannot write the database at `path` (None: it can). SQLite in WAL mode
+    writes `-wal` and `-shm` files beside the database, so its folder must be writable too."""
+    path = Path(path)
+    if path.exists() and not os.access(path, os.W_OK):
+        return "the file is read-only"
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if folder is not None and not os.access(folder, os.W_OK):
+        return f"its folder {folder} is read-only"
+    return None
 
-    def __init__(self, path: str | Path = DEFAULT_PATH, *, create: bool = True):
+
+class Database:
+    """Measurements of many GPUs, problems and configs; safe to re-open and resume.
+
+    `create=False` refuses a path with no database; `readonly=True` opens an existing one
+    without writing anything (not even the schema), for reading alone."""
+
+    def __init__(self, path: str | Path = DEFAULT_PATH, *, create: bool = True, readonly: bool = False):
         self.path = Path(path)
         existed = self.path.exists() and self.path.stat().st_size > 0
-        if not existed and not create:
+        if not existed and (readonly or not create):
             raise DatabaseError(f"no database at {self.path}")
+        if readonly:
+            self._open_readonly()
+            return
+        why = read_only_reason(self.path)
+        if why:
+            raise DatabaseError(f"{self.path}: cannot store measurements there: {why}; give a writable "
+                                "database (it was left untouched)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path)
+        try:
+            self.conn = sqlite3.connect(self.path)
+        except sqlite3.DatabaseError as exc:  # e.g. a folder where the file should be
+            raise DatabaseError(f"{self.path}: not a readable SQLite database ({exc}); it was left untouched") from None
         try:
             if existed:
                 self._check_ours()
@@ -98,6 +125,29 @@ class Database:
             self.conn.close()
             raise
 
+    def _open_readonly(self) -> None:
+        # mode=ro still needs the WAL index beside the file; `immutable` reads a file nobody
+        # may write (a read-only folder without it) with no locking at all
+        uri = self.path.resolve().as_uri()
+        for options in ("mode=ro", "immutable=1"):
+            conn = None
+            try:
+                self.conn = conn = sqlite3.connect(f"{uri}?{options}", uri=True)
+                self._check_ours()
+                return
+            except sqlite3.OperationalError:  # cannot read it this way: try the next
+                pass
+            except sqlite3.DatabaseError as exc:
+                conn.close()
+                raise DatabaseError(f"{self.path}: not a readable SQLite database ({exc}); "
+                                    "it was left untouched") from None
+            except DatabaseError:
+                conn.close()
+                raise
+            if conn is not None:
+                conn.close()
+        raise DatabaseError(f"{self.path}: the read-only database cannot be opened for reading")
+
     def _check_ours(self) -> None:
         tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         app = None
@@ -112,6 +162,17 @@ class Database:
 
     def close(self) -> None:
         self.conn.close()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One transaction; a write the disk refuses (full, gone read-only) is a DatabaseError
+        that names the file, and the transaction is rolled back, whatever was stored before kept."""
+        try:
+            with self.conn:
+                yield
+        except sqlite3.OperationalError as exc:
+            raise DatabaseError(f"{self.path}: could not store rows ({exc}); the rows stored "
+                                "before are kept") from None
 
     def __enter__(self) -> Database:
         return self
@@ -139,7 +200,7 @@ class Database:
     def add(self, rows: Iterable[tuple[Measurement, GemmProblem, TileConfig | None]]) -> int:
         """Store a batch in one transaction (all or nothing); existing rows are kept. Returns rows added."""
         added = 0
-        with self.conn:
+        with self._writing():
             for m, problem, config in rows:
                 if m.problem != problem.key or m.config != (config.key if config else CUBLAS):
                     raise ValueError(f"measurement {m.problem}/{m.config} does not match its problem/config")
@@ -158,7 +219,7 @@ class Database:
         """Store re-timings in one transaction; returns rows added. A re-timing counts towards a
         config's figure only beside a first measurement under the same versions."""
         added = 0
-        with self.conn:
+        with self._writing():
             for r, problem, config in rows:
                 if r.problem != problem.key or r.config != (config.key if config else CUBLAS):
                     raise ValueError(f"re-timing {r.problem}/{r.config} does not match its problem/config")
@@ -175,14 +236,15 @@ class Database:
         return tuple(self.conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM {t}").fetchone()[0]
                      for t in ("measurements", "retimes"))
 
-    def retimes_after(self, min_id: int) -> Iterator[dict]:
-        """Re-timing rows with id > min_id, with their gpu, problem and config keys and problem fields."""
+    def retimes_after(self, min_id: int, max_id: int | None = None) -> Iterator[dict]:
+        """Re-timing rows with min_id < id (<= max_id, if given), with their gpu, problem and
+        config keys and problem fields."""
         cols = ("gpu", "problem", "config", "versions", "run", "round", "status", "median_ms", "sm_mhz")
         q = ("SELECT g.name, p.key, c.key, r.versions, r.run, r.round, r.status, r.median_ms, r.sm_mhz, "
              + ", ".join(f"p.{c}" for c in PROBLEM_COLUMNS) +
              " FROM retimes r JOIN gpus g ON g.id=r.gpu_id JOIN problems p ON p.id=r.problem_id "
-             "JOIN configs c ON c.id=r.config_id WHERE r.id > ? ORDER BY r.id")
-        for row in self.conn.execute(q, (min_id,)):
+             "JOIN configs c ON c.id=r.config_id WHERE r.id > ? AND r.id <= ? ORDER BY r.id")
+        for row in self.conn.execute(q, (min_id, _NO_END if max_id is None else max_id)):
             yield dict(zip(cols, row), problem_fields=dict(zip(PROBLEM_COLUMNS, row[len(cols):])))
 
     def problems(self, gpu: str) -> list[GemmProblem]:
@@ -230,11 +292,12 @@ class Database:
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
-        with self.conn:
+        with self._writing():
             self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
-    def rows_after(self, min_id: int) -> Iterator[dict]:
-        """Measurement rows with id > min_id, joined with their gpu, problem and config keys."""
+    def rows_after(self, min_id: int, max_id: int | None = None) -> Iterator[dict]:
+        """Measurement rows with min_id < id (<= max_id, if given), joined with their gpu,
+        problem and config keys."""
         cols = ("gpu", "problem", "config", "source", "versions", "status", "median_ms", "p10_ms",
                 "p90_ms", "tflops", "max_rel_err", "sm_mhz", "error")
         pcols = PROBLEM_COLUMNS
@@ -242,8 +305,8 @@ class Database:
              "m.p90_ms, m.tflops, m.max_rel_err, m.sm_mhz, m.error, "
              + ", ".join(f"p.{c}" for c in pcols) +
              " FROM measurements m JOIN gpus g ON g.id=m.gpu_id JOIN problems p ON p.id=m.problem_id"
-             " JOIN configs c ON c.id=m.config_id WHERE m.id > ? ORDER BY m.id")
-        for row in self.conn.execute(q, (min_id,)):
+             " JOIN configs c ON c.id=m.config_id WHERE m.id > ? AND m.id <= ? ORDER BY m.id")
+        for row in self.conn.execute(q, (min_id, _NO_END if max_id is None else max_id)):
             out = dict(zip(cols, row[:len(cols)]))
             out["problem_fields"] = dict(zip(pcols, row[len(cols):]))
             yield out

@@ -18,8 +18,9 @@ import torch
 
 import hardware_specs
 from graphs import GemmProblem
-from gnn_policy.kernels.launch import INT32_MAX, LayoutError, launch, max_offset
+from gnn_policy.kernels.launch import LayoutError, launch, max_offset
 from gnn_policy.kernels.matmul import ACTIVATIONS, matmul_kernel
+from gnn_policy.limits import INT32_MAX, MAX_BATCH
 from gnn_policy.space import TileConfig, Violation, violations
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -79,8 +80,8 @@ def _check_operands(a, b) -> tuple[int, int, int, tuple[int, ...]]:
     if min(m, n, k) < 1:
         raise ValueError(f"matmul: M, N and K must be >= 1, got M={m}, N={n}, K={k}")
     batches = [t.shape[0] for t in (a, b) if t.dim() == 3]
-    if batches and batches[0] > 65535:
-        raise ValueError(f"matmul: batch {batches[0]} exceeds the grid limit of 65535")
+    if batches and batches[0] > MAX_BATCH:
+        raise ValueError(f"matmul: batch {batches[0]} exceeds the grid limit of {MAX_BATCH}")
     out_shape = (batches[0], m, n) if batches else (m, n)
     if max(max_offset(a), max_offset(b), m * n * (batches[0] if batches else 1) - 1) > INT32_MAX:
         raise ValueError("matmul: an operand or the output spans more than 2**31 elements; the "

@@ -21,6 +21,7 @@ from graphs import GemmProblem
 from graphs.build import problem_graph
 from hardware_specs import GpuSpec
 from hardware_specs.features import GpuVocab, spec_vector
+from gnn_policy.checkpoint import CheckpointError, model_fields, read_checkpoint, weights_fault
 from gnn_policy.model import ModelConfig, PolicyModel, problem_dims
 from gnn_policy.space import TileConfig
 
@@ -62,14 +63,17 @@ class Policy:
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CHECKPOINT) -> Policy:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"no policy checkpoint at {path}; train one with `gnn-policy pretrain`")
-        state = torch.load(path, weights_only=True, map_location="cpu")
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in state["model_config"].items()}
-        fields.setdefault("geometry", False)  # saved before the cost head read the tile geometry
-        model = PolicyModel(ModelConfig(**fields))
-        model.load_state_dict(state["state_dict"])
+        """The policy a checkpoint holds; FileNotFoundError if there is none, CheckpointError
+        (naming the file and the fault) for a file that is not a usable checkpoint."""
+        state = read_checkpoint(path)
+        try:
+            model = PolicyModel(ModelConfig(**model_fields(path, state)))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{path}: its model_config does not make a policy ({exc})") from None
+        try:
+            model.load_state_dict(state["state_dict"])
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path}: its weights do not fit its model_config ({weights_fault(exc)})") from None
         return cls(model)
 
     def features(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,26 +4,29 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from gnn_policy.args import flag
+from graphs.problem import DTYPES, EPILOGUE_ACTIVATIONS
+from gnn_policy.args import at_least, flag, one_of
+from gnn_policy.limits import addressing_error, check_fits
 
 
 @dataclasses.dataclass(frozen=True)
 class TuneArgs:
     """Rank tile configs for one GEMM, or pick for every GEMM of a --model, with the policy (and, on a GPU, --measure them)."""
 
-    m: int = flag(0, "rows of A and C (--m, --n and --k give one GEMM; or use --model)")
-    n: int = flag(0, "columns of B and C")
-    k: int = flag(0, "the reduction length")
-    batch: int = flag(1, "batch count")
-    dtype: str = flag("bf16", "fp16, bf16 or fp32")
+    m: int = flag(0, "rows of A and C (--m, --n and --k give one GEMM; or use --model)", check=at_least(1))
+    n: int = flag(0, "columns of B and C", check=at_least(1))
+    k: int = flag(0, "the reduction length", check=at_least(1))
+    batch: int = flag(1, "batch count", check=at_least(1))
+    dtype: str = flag("bf16", "fp16, bf16 or fp32", check=one_of(*DTYPES))
     bias: bool = flag(False, "a bias over N is fused")
-    activation: str = flag("", "fused activation: relu, gelu or silu")
+    activation: str = flag("", "fused activation: relu, gelu or silu (or none)",
+                           check=one_of("", "none", *filter(None, EPILOGUE_ACTIVATIONS)))
     residual: bool = flag(False, "a residual add is fused")
     a_layout: str = flag("row", "A's layout: row (K contiguous) or col (M contiguous)")
     b_layout: str = flag("row", "B's layout: row (N contiguous) or col (K contiguous: an nn.Linear weight W as W.T)")
     linear: bool = flag(False, "x @ W.T with an nn.Linear weight W [N, K]: A row-major, B column-major")
     gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
-    top_k: int = flag(8, "configs to print")
+    top_k: int = flag(8, "configs to print", check=at_least(1))
     checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
     json: bool = flag(False, "print JSON")
     measure: bool = flag(False, "time the picks and cuBLAS on the local GPU (needs CUDA)")
@@ -34,6 +37,11 @@ class TuneArgs:
 
 class TuneError(ValueError):
     """Flags that do not name one GEMM or one model."""
+
+    def __post_init__(self) -> None:
+        why = addressing_error(self.m, self.n, self.k, self.batch)
+        if why:
+            raise ValueError(f"M={self.m}, N={self.n}, K={self.k}, batch={self.batch}: {why}")
 
 
 def run(args: TuneArgs) -> dict:
@@ -51,11 +59,15 @@ def run(args: TuneArgs) -> dict:
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
     problem = GemmProblem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype, bias=args.bias,
-                          activation=args.activation or None, residual=args.residual, **layouts(args))
+                          activation=args.activation if args.activation not in ("", "none") else None,
+                          residual=args.residual, **layouts(args))
     if args.gpu:
         gpu = hardware_specs.load(args.gpu)
     else:
         gpu = hardware_specs.detect() if torch.cuda.is_available() else hardware_specs.load("h200")
+    check_fits(problem, gpu)
+    if args.measure and not torch.cuda.is_available():
+        raise hardware_specs.SpecError("--measure needs a CUDA GPU; without one, tune only predicts")
     policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
     policy.top_k(problem, gpu, args.top_k)  # the first call builds the GPU's validity mask
     start = time.perf_counter()
@@ -85,10 +97,6 @@ def layouts(args: TuneArgs) -> dict[str, str]:
 
 
 def _measure(problem, gpu, configs, rows: list[dict]) -> dict:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("--measure needs a CUDA GPU; without one, tune only predicts")
     from gnn_policy.measure.runner import measure_configs
 
     results = list(measure_configs(problem, [*configs, None], gpu=gpu.name))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 import warnings
 from pathlib import Path
@@ -74,6 +75,8 @@ _SCALAR_TYPES: dict[str, type | tuple[type, ...]] = {
     "memory_bytes": int, "memory_bandwidth_gbps": (int, float), "sm_clock_mhz": int,
     "tensor_core_generation": int,
 }
+_POSITIVE = ("sm_count", "warp_size", "l2_bytes", "smem_per_sm_bytes", "smem_per_block_bytes", "registers_per_sm",
+             "max_threads_per_sm", "memory_bytes", "memory_bandwidth_gbps", "sm_clock_mhz")
 # Fields that are facts of the silicon and need a citation in `sources`.
 _CITED = tuple(k for k in _SCALAR_TYPES if k not in ("name", "vendor", "architecture")) + (
     "peak_tflops", "features")
@@ -105,6 +108,8 @@ def _mapping(path: Path, raw: dict, field: str, keys: tuple[str, ...], kind: typ
             isinstance(item, (int, float)) and not isinstance(item, bool))
         if not ok:
             raise _fail(path, f"{field}.{key}", f"must be {kind.__name__}, got {item!r}")
+        if kind is float and not (math.isfinite(item) and item >= 0):  # 0: the GPU lacks the dtype
+            raise _fail(path, f"{field}.{key}", f"must be a finite number >= 0, got {item!r}")
         out[key] = float(item) if kind is float else item
     extra = set(value) - set(keys)
     if extra:
@@ -115,9 +120,11 @@ def _mapping(path: Path, raw: dict, field: str, keys: tuple[str, ...], kind: typ
 def parse(path: Path) -> GpuSpec:
     """Parse and validate one YAML spec file."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path.name}: not UTF-8 text (byte {exc.start} cannot be decoded)") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path.name}: not valid YAML: {exc}") from exc
+        raise SpecError(f"{path.name}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{path.name}: expected a mapping at the top level")
     values: dict[str, Any] = {}
@@ -140,9 +147,11 @@ def parse(path: Path) -> GpuSpec:
     unknown = set(raw) - set(values)
     if unknown:
         raise SpecError(f"{path.name}: unknown fields {sorted(unknown)}")
-    for field in ("sm_count", "l2_bytes", "smem_per_block_bytes", "registers_per_sm", "warp_size"):
-        if values[field] <= 0:
+    for field in _POSITIVE:  # NaN and infinity are not counts or rates either
+        if not (math.isfinite(values[field]) and values[field] > 0):
             raise _fail(path, field, f"must be positive, got {values[field]}")
+    if values["tensor_core_generation"] < 0:
+        raise _fail(path, "tensor_core_generation", f"must be 0 (none) or more, got {values['tensor_core_generation']}")
     if values["smem_per_block_bytes"] > values["smem_per_sm_bytes"]:
         raise _fail(path, "smem_per_block_bytes", "exceeds smem_per_sm_bytes")
     return GpuSpec(**values)

@@ -42,3 +42,12 @@ def analytic(problem, configs, *, gpu, **_):
         t = ms.get(config, 0.5 * min(ms.values(), default=1.0))  # cuBLAS: twice the fastest of the batch
         yield Measurement(gpu, problem.key, config.key if config else "cublas", "ok", median_ms=t,
                           tflops=problem.flops / (t * 1e-3) / 1e12)
+
+
+def slow(problem, configs, *, gpu, **options):
+    """`measure` with a pause before each config ($FAKE_RUNNER_PAUSE seconds, default 0.02): a
+    collection long enough for a test to interrupt it mid-problem."""
+    pause = float(os.environ.get("FAKE_RUNNER_PAUSE", "0.02"))
+    for config in configs:
+        time.sleep(pause)
+        yield from measure(problem, [config], gpu=gpu, **options)

@@ -9,6 +9,7 @@ import torch
 
 import hardware_specs
 from gnn_policy.database import Database
+from gnn_policy.interrupts import Interrupted
 from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.policy import Policy
 from training import adaptation, finetune
@@ -40,7 +41,8 @@ def _rows(tmp_path, source="real"):
 
 
 def _kill_at_call(monkeypatch, name: str, n: int, module=finetune):
-    """Make module.<name> raise KeyboardInterrupt (a kill) on its n-th call; returns the original."""
+    """Make module.<name> raise KeyboardInterrupt (a kill) on its n-th call; returns the original.
+    The run reports it as `Interrupted`, with what it stored."""
     real, calls = getattr(module, name), []
 
     def dying(*args, **kwargs):
@@ -105,7 +107,7 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
 def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
     real_adapt = _kill_at_call(monkeypatch, "adapt", 2, adaptation)  # after round 2's measurements, before its adaptation
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match="run the same command again to resume"):
         run(_args(tmp_path, ckpt, budget="12", rounds=3))
     spent_before = _rows(tmp_path)
     assert 0 < spent_before <= 12
@@ -113,8 +115,9 @@ def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monke
     original, loaded = Policy.load.__func__, []
     monkeypatch.setattr(Policy, "load", classmethod(lambda cls, path: (loaded.append(str(path)), original(cls, path))[1]))
     card = run(_args(tmp_path, ckpt, budget="12", rounds=3))
-    assert loaded[0] == str(tmp_path / "out" / "h200.pt")  # round 1's adapted weights, not the start
-    assert loaded[1:] == [str(ckpt)]  # the start, for the guard
+    # the start, checked before anything is written; then round 1's adapted weights, which the run goes on from
+    assert loaded[:2] == [str(ckpt), str(tmp_path / "out" / "h200.pt")]
+    assert loaded[2:] == [str(ckpt)]  # the start, for the guard
     assert card["spent_measurements"] == 12 == _rows(tmp_path)
     again = run(_args(tmp_path, ckpt, budget="12", rounds=3))
     assert again["spent_measurements"] == 12 == _rows(tmp_path)  # finished: nothing more to spend
@@ -140,7 +143,7 @@ def test_the_guard_falls_back_to_the_start_unless_the_cross_fit_says_the_adaptat
 def test_a_kill_right_after_a_measurement_is_not_spent_again(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
     real_save = _kill_at_call(monkeypatch, "_save_state", 3)  # the state write after the second batch
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match="run the same command again to resume"):
         run(_args(tmp_path, ckpt, budget="12"))
     monkeypatch.setattr(finetune, "_save_state", real_save)
     assert run(_args(tmp_path, ckpt, budget="12"))["spent_measurements"] == 12 == _rows(tmp_path)

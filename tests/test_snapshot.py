@@ -48,14 +48,16 @@ def test_stats_says_it_is_loading_the_snapshot_then_answers_from_the_database(tm
     import subprocess
     import sys
 
-    from gnn_policy.snapshot import pending
+    from gnn_policy.snapshot import unloaded
 
     with Database(tmp_path / "a.sqlite") as a:
         a.add(_rows())
         export_shard(a, tmp_path / "shards" / "run1.jsonl.gz", (0, 0))
     with Database(tmp_path / "b.sqlite") as b:
-        assert [p.name for p in pending(b, tmp_path / "shards")] == ["run1.jsonl.gz"]
+        assert [p.name for p in unloaded(b, tmp_path / "shards")] == ["run1.jsonl.gz"]
     env = dict(os.environ, GNN_POLICY_SHARDS=str(tmp_path / "shards"))
+    # stats creates no database of its own but the default one: this one exists, empty
+    Database(tmp_path / "c.sqlite").close()
     cli = [sys.executable, "-m", "gnn_policy.cli", "stats", "--db", str(tmp_path / "c.sqlite")]
     first = subprocess.run(cli, capture_output=True, text=True, env=env)
     assert first.returncode == 0 and "loading 1 shards of the shipped snapshot" in first.stderr

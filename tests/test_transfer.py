@@ -7,6 +7,7 @@ import torch
 
 import hardware_specs
 from gnn_policy.database import Database
+from gnn_policy.interrupts import Interrupted
 from gnn_policy.model import ModelConfig, PolicyModel
 from training.transfer import TransferArgs, TransferError, check_held_out, measurements_to_reach, run, with_folders
 
@@ -145,7 +146,7 @@ def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_
         raise KeyboardInterrupt
 
     monkeypatch.setattr("gnn_policy.snapshot.export_run", killed)  # the call is killed before its first export
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted):
         run(args)
     monkeypatch.undo()
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)

@@ -23,8 +23,11 @@ from collections import defaultdict
 from pathlib import Path
 from time import monotonic
 
-from gnn_policy.args import flag
+from gnn_policy.args import at_least, flag, int_list, one_of, positive
+from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
+from gnn_policy.interrupts import on_interrupt
+from gnn_policy.measure.workers import runner_path
 
 FLOOR = 0.01
 
@@ -35,20 +38,23 @@ class BenchArgs:
 
     db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
     gpu: str = flag("", "GPU spec name (default: the local device)")
-    split: str = flag("test", "suite split whose measured problems are benchmarked")
+    split: str = flag("test", "suite split whose measured problems are benchmarked", check=one_of(*SPLIT_NAMES))
     problems: int = flag(40, "the split's first N problems in collection order (those a dense sweep "
-                             "`collect --split test --problems N` measured), measured ones only; 0: all")
-    budgets: str = flag("1,2,4,8,16,32", "measurement counts to report")
+                             "`collect --split test --problems N` measured), measured ones only; 0: all",
+                         check=at_least(0))
+    budgets: str = flag("1,2,4,8,16,32", "measurement counts to report", check=int_list(1))
     checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
     seed: int = flag(0, "seed of random and evolutionary search")
-    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
-    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout", check=positive)
+    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)",
+                       check=runner_path)
     out: str = flag("docs/data/bench", "folder for bench.csv, bench.md and bench.png")
     shard_dir: str = flag("", "write the measurements this run adds to a new shard here")
     log_dir: str = flag("runs/bench", "folder of the offline W&B run")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
     time_limit: float = flag(0.0, "minutes after which no new problem is started: the measurements so far are "
-                                  "stored (and exported), no report is written, and a re-run goes on from there")
+                                  "stored (and exported), no report is written, and a re-run goes on from there",
+                             check=at_least(0, float))
     report_only: bool = flag(False, "measure nothing: rebuild bench.md, bench.png and the W&B run from the "
                                     "bench.csv in --out (measured on a GPU machine without wandb, say)")
 
@@ -94,7 +100,7 @@ def run(args: BenchArgs) -> dict:
     from gnn_policy.measure.workers import WorkerPool
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
     from gnn_policy.search import Measurer
-    from gnn_policy.snapshot import export_run, load_shipped
+    from gnn_policy.snapshot import RunExport, load_shipped
 
     gpu = hardware_specs.resolve(args.gpu)
     budgets = sorted(int(b) for b in args.budgets.split(","))
@@ -103,11 +109,13 @@ def run(args: BenchArgs) -> dict:
     counts: defaultdict = defaultdict(int)
     with Database(args.db) as db:
         load_shipped(db)
-        since = db.high_water()
+        export = RunExport(db, args.shard_dir, gpu.name, "bench") if args.shard_dir else None
         measured = {p.key for p in db.problems(gpu.name)}
         problems = [p for p in select_problems(args.split, args.problems, 0) if p.key in measured]
         real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
-        with WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool, \
+        stopped = on_interrupt(lambda: f"{counts['measured']} measurements stored in {args.db}; run the same "
+                                       "command again to resume (what is measured is reused)")
+        with stopped, WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool, \
                 (CompilePool() if real else contextlib.nullcontext()) as compiler:
             measure = Measurer(db, gpu, pool, compiler, counts)
             deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
@@ -118,8 +126,8 @@ def run(args: BenchArgs) -> dict:
                 found[p.key] = traces(p, gpu, policy, measure, budgets[-1], args.seed, analytic)
         complete = len(found) == len(problems)
         rows = _rows(db, gpu.name, problems, found, budgets) if complete else []
-        if args.shard_dir:
-            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "bench", since)
+        if export is not None:
+            counts["shard_rows"] = export.write()
     if not complete:
         return {"problems": len(found), **counts, "stopped_by_time_limit": 1,
                 "report": f"stopped by --time-limit after {len(found)} of {len(problems)} problems; run again "

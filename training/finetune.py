@@ -15,6 +15,7 @@ stops before the next batch once it is used. A state file makes the run resumabl
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import json
@@ -24,14 +25,32 @@ import re
 import time
 from pathlib import Path
 
-from gnn_policy.args import flag
+from gnn_policy.args import at_least, flag, one_of, positive
+from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
+from gnn_policy.interrupts import on_interrupt
+from gnn_policy.measure.workers import runner_path
 
 ADAPT_VERSION = 3  # raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard)
 
 
+# Most measurements per tuning problem in one run: the adaptation's listwise and ranking losses
+# compare a problem's configs pairwise, so its memory grows with their square (measured on the
+# CPU: 2,000 configs of one problem took 0.6 GB, 20,000 took 13 GB).
+PER_PROBLEM = 2048
+
+
 class FinetuneError(RuntimeError):
     """The run cannot start: GPU mismatch, no GPU, a bad budget."""
+
+
+def budget_text(text: str) -> str:
+    """--budget's check (the text is what the run's state records)."""
+    try:
+        Budget.parse(text)
+    except FinetuneError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--budget {text!r}: ")) from None
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,15 +58,16 @@ class FinetuneArgs:
     """Adapt a pretrained policy to one GPU on a budget of real measurements (resumable)."""
 
     gpu: str = flag(help="GPU to adapt to: a spec name (h200) or an SM slice of the local one (h200-sm64)")
-    budget: str = flag("64", "real measurements (64) or measuring time (10m, 90s)")
+    budget: str = flag("64", f"real measurements (64, at most {PER_PROBLEM} per tuning problem) or measuring time "
+                             "(10m, 90s)", check=budget_text)
     db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
     checkpoint: str = flag("", "policy to start from (default: checkpoints/pretrained.pt)")
     output: str = flag("checkpoints", "folder for <gpu>.pt, <gpu>.card.json and the resume state")
-    split: str = flag("train", "suite split the tuning problems come from")
-    problems: int = flag(8, "tuning problems, spread over the split's families")
-    rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over")
-    steps: int = flag(5, "gradient steps after each round: as many as Reptile's inner loop takes")
-    lr: float = flag(3e-4, "learning rate of the adaptation")
+    split: str = flag("train", "suite split the tuning problems come from", check=one_of(*SPLIT_NAMES))
+    problems: int = flag(8, "tuning problems, spread over the split's families", check=at_least(1))
+    rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over", check=at_least(1))
+    steps: int = flag(5, "gradient steps after each round: as many as Reptile's inner loop takes", check=at_least(0))
+    lr: float = flag(3e-4, "learning rate of the adaptation", check=positive)
     guard: bool = flag(True, "keep the adapted weights only where a cross-fit over the tuning problems says they "
                              "pick better than the starting ones", off="always keep the adapted weights (no cross-fit)")
     simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
@@ -56,8 +76,9 @@ class FinetuneArgs:
                            "of measuring: a CPU dry run on real labels, candidates limited to the stored configs "
                            "(needs --no-snapshot)")
     seed: int = flag(0, "seed of problem choice, mutations and shuffling")
-    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
-    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout", check=positive)
+    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)",
+                       check=runner_path)
     snapshot: bool = flag(True, "load the shipped snapshot into --db first",
                           off="adapt on the run's own measurements alone, as the transfer experiment's runs must "
                               "(--db must then hold no earlier rows of this GPU)")
@@ -65,6 +86,13 @@ class FinetuneArgs:
     group: str = flag("", "W&B group (default: transfer-<gpu>)")
     tags: tuple[str, ...] = flag((), "W&B tags, e.g. method=meta budget=64 (repeatable)", action="append")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
+
+    def __post_init__(self) -> None:
+        count = Budget.parse(self.budget).count
+        if count is not None and count > PER_PROBLEM * self.problems:
+            raise ValueError(f"--budget {count}: at most {PER_PROBLEM} measurements per tuning problem, "
+                             f"{PER_PROBLEM * self.problems} for {self.problems} (--problems); more would not fit "
+                             "in the adaptation's memory")
 
 
 @dataclasses.dataclass
@@ -75,21 +103,25 @@ class Budget:
     seconds: float | None = None
     spent_count: int = 0
     spent_seconds: float = 0.0
+    cap: int = 10**9  # a time budget's most measurements: what the adaptation holds (`PER_PROBLEM`)
 
     @classmethod
     def parse(cls, text: str) -> Budget:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
         if not m or (not m.group(2) and "." in m.group(1)):
             raise FinetuneError(f"--budget {text!r}: give a number of measurements (64) or a time (10m, 90s, 1h)")
+        if float(m.group(1)) == 0:
+            raise FinetuneError(f"--budget {text!r}: nothing to spend; give at least 1 measurement or a time")
         if not m.group(2):
             return cls(count=int(m.group(1)))
         return cls(seconds=float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)])
 
     def left(self) -> int:
-        """Measurements that may still start (a time budget allows any number until it is spent)."""
+        """Measurements that may still start (a time budget allows up to `cap` until it is spent)."""
         if self.count is not None:
             return max(0, self.count - self.spent_count)
-        return 10**9 if self.spent_seconds < self.seconds else 0
+        return max(0, self.cap - self.spent_count) if self.spent_seconds < self.seconds else 0
+
 
 
 def check_gpu(spec, local, simulate: bool) -> None:
@@ -117,12 +149,10 @@ def run(args: FinetuneArgs) -> dict:
     from training.transfer_log import file_digest
 
     spec = hardware_specs.load(args.gpu)
+    budget = dataclasses.replace(Budget.parse(args.budget), cap=PER_PROBLEM * args.problems)
     if args.replay and (args.simulate or args.snapshot):
         raise FinetuneError("--replay answers from stored real rows: it goes without --simulate, and with "
                             "--no-snapshot (the snapshot would already hold the rows it replays)")
-    if not (args.simulate or args.replay):
-        check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
-    budget = Budget.parse(args.budget)
     source = "simulated" if args.simulate else "real"
     out = Path(args.output)
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
@@ -132,6 +162,9 @@ def run(args: FinetuneArgs) -> dict:
         raise FinetuneError(f"no policy checkpoint at {start_path}; train one with `gnn-policy pretrain`")
     if start_path.resolve() == weights.resolve():  # the guard's fallback and a resume both need the start intact
         raise FinetuneError(f"--checkpoint {start_path} is the file this run writes: give another --output")
+    start_policy = Policy.load(start_path)  # a file that is no checkpoint is refused before anything is written
+    if not (args.simulate or args.replay):
+        check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
     # by content, not only path: a start replaced between resumes is another run
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
                                           "lr", "guard", "snapshot", "analytic", "replay")} | \
@@ -156,27 +189,32 @@ def run(args: FinetuneArgs) -> dict:
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
         budget.spent_seconds = state["spent_seconds"]
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
-        policy = Policy.load(weights if state["round"] else start_path)
+        policy = Policy.load(weights) if state["round"] else start_policy
         optimiser = torch.optim.Adam(policy.model.parameters(), lr=args.lr)
-        for rnd in range(state["round"], args.rounds):
-            rng = random.Random(f"{args.seed}:{rnd}")
-            measured = _measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng,
-                                      lambda: _save_state(state_path, state, budget), state["since"], rnd)
-            adapt(policy, problems, spec, db, source, measured, optimiser, args.steps, norms)
-            out.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(policy.model, weights)
-            state["round"] = rnd + 1
-            _save_state(state_path, state, budget)
-            if tracker is not None:
-                tracker.log({"finetune/round": rnd + 1, "finetune/spent": db.count_since(spec.name, source, state["since"]),
-                             **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
-        if args.guard and "guard" not in state:
-            start = Policy.load(start_path)
-            check = cross_fit(start, problems, spec, db, source, args.rounds * args.steps, args.lr, args.seed)
-            state["guard"] = dataclasses.asdict(check) | {"kept": "adapted" if check.keep_adapted else "start"}
-            if not check.keep_adapted:
-                save_checkpoint(start.model, weights)
-            _save_state(state_path, state, budget)
+        stopped = on_interrupt(lambda: f"{db.count_since(spec.name, source, state['since'])} measurements of this "
+                                       f"run stored in {args.db}; run the same command again to resume (it spends "
+                                       "only what is left of the budget)")
+        with stopped:
+            for rnd in range(state["round"], args.rounds):
+                rng = random.Random(f"{args.seed}:{rnd}")
+                measured = _measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng,
+                                          lambda: _save_state(state_path, state, budget), state["since"], rnd)
+                adapt(policy, problems, spec, db, source, measured, optimiser, args.steps, norms)
+                out.mkdir(parents=True, exist_ok=True)
+                save_checkpoint(policy.model, weights)
+                state["round"] = rnd + 1
+                _save_state(state_path, state, budget)
+                if tracker is not None:
+                    tracker.log({"finetune/round": rnd + 1,
+                                 "finetune/spent": db.count_since(spec.name, source, state["since"]),
+                                 **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
+            if args.guard and "guard" not in state:
+                start = Policy.load(start_path)
+                check = cross_fit(start, problems, spec, db, source, args.rounds * args.steps, args.lr, args.seed)
+                state["guard"] = dataclasses.asdict(check) | {"kept": "adapted" if check.keep_adapted else "start"}
+                if not check.keep_adapted:
+                    save_checkpoint(start.model, weights)
+                _save_state(state_path, state, budget)
         budget.spent_count = db.count_since(spec.name, source, state["since"])
     card = {"job": "finetune", "gpu": spec.name, "source": source, "checkpoint": weights.name,
             "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,
@@ -325,8 +363,8 @@ def _measure_round(policy, problems, spec, measure, budget: Budget, rounds_left:
         progress, jobs = False, []
         failed = db.failed_configs(spec.name, measure.source)  # a problem's failures change only when it is measured
         for i, p in enumerate(problems):
-            if timed:
-                n = 2 if time.monotonic() - round_start < seconds else 0
+            if timed:  # two at a time, up to the measurements the adaptation holds (`Budget.cap`)
+                n = min(2, budget.left()) if time.monotonic() - round_start < seconds else 0
             else:  # the round's share split evenly (at most what is left); the remainder rotates over problems
                 n = min(share // len(problems) + ((i - rnd) % len(problems) < share % len(problems)), budget.left())
             if n <= 0:

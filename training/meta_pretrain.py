@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import hardware_specs
-from gnn_policy.args import flag
+from gnn_policy.args import at_least, flag, positive
 from gnn_policy.database import DEFAULT_PATH
 from training.imported import TUNED_CONFIGS
 
@@ -50,41 +50,43 @@ class MetaPretrainArgs:
     real: bool = flag(True, "make a task of every GPU with real rows in the database, SM slices included "
                             "(in place of its simulated task)", off="simulated and imported tasks only")
     real_weight: float = flag(1.0, "how many times as often a task of real rows is drawn as a simulated or "
-                                   "imported one")
+                                   "imported one", check=positive)
     imitation_weight: float = flag(1.0, "weight of the imitation loss; the GPUs of the imported vLLM / SGLang "
-                                        "configs become tasks (0: no imported data)")
+                                        "configs become tasks (0: no imported data)", check=at_least(0, float))
     imported: str = flag(str(TUNED_CONFIGS), "folder of the imported tuned configs")
     analytic: str = flag(str(ANALYTIC), "the fitted analytic model that labels simulated samples")
-    problems: int = flag(0, "train-family problems per simulated GPU, spread over the families (0: all)")
-    configs: int = flag(64, "configs per simulated problem, stratified by (variant, SPLIT_K)")
-    val_problems: int = flag(64, "val-family problems each held-out GPU is scored on")
-    epochs: int = flag(40, "epochs; validation after each")
-    steps_per_epoch: int = flag(50, "meta-steps (one task each) per epoch")
-    inner_steps: int = flag(5, "k: Adam steps on one task per meta-step, and on a held-out GPU in validation")
-    inner_lr: float = flag(3e-4, "learning rate of the inner Adam (fresh for every task), as `gnn-policy finetune`'s")
-    epsilon: float = flag(1.0, "Reptile's outer step size at the start, annealed linearly to --epsilon-end")
-    epsilon_end: float = flag(0.1, "Reptile's outer step size at the last meta-step")
-    batch_size: int = flag(16, "problems per inner-step batch")
-    hidden: int = flag(128, "width of the encoders and heads")
-    layers: int = flag(3, "GINEConv layers")
+    problems: int = flag(0, "train-family problems per simulated GPU, spread over the families (0: all)",
+                         check=at_least(0))
+    configs: int = flag(64, "configs per simulated problem, stratified by (variant, SPLIT_K)", check=at_least(1))
+    val_problems: int = flag(64, "val-family problems each held-out GPU is scored on", check=at_least(1))
+    epochs: int = flag(40, "epochs; validation after each", check=at_least(1))
+    steps_per_epoch: int = flag(50, "meta-steps (one task each) per epoch", check=at_least(1))
+    inner_steps: int = flag(5, "k: Adam steps on one task per meta-step, and on a held-out GPU in validation",
+                            check=at_least(1))
+    inner_lr: float = flag(3e-4, "learning rate of the inner Adam (fresh for every task), as `gnn-policy finetune`'s",
+                           check=positive)
+    epsilon: float = flag(1.0, "Reptile's outer step size at the start, annealed linearly to --epsilon-end",
+                          check=at_least(0, float))
+    epsilon_end: float = flag(0.1, "Reptile's outer step size at the last meta-step", check=at_least(0, float))
+    batch_size: int = flag(16, "problems per inner-step batch", check=at_least(1))
+    hidden: int = flag(128, "width of the encoders and heads", check=at_least(1))
+    layers: int = flag(3, "GINEConv layers", check=at_least(1))
     geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps)",
                           off="the cost head reads no tile geometry (as the first checkpoints)")
-    temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)")
+    temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)", check=positive)
     seed: int = flag(0, "seed of weights, simulated configs, task draws and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for meta.pt (or plain.pt) and its card")
     log_dir: str = flag("runs/meta-pretrain", "folder for the CSV metrics and the offline W&B run")
     group: str = flag("meta-pretrain", "W&B group")
     tags: tuple[str, ...] = flag((), "W&B tags (repeatable)", action="append")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
-    max_minutes: float = flag(12.0, "stop meta-training after this many minutes")
+    max_minutes: float = flag(12.0, "stop meta-training after this many minutes", check=positive)
     plain: bool = flag(False, "train plainly on the same tasks instead (one Adam throughout, no Reptile step, "
                               "ε ignored): the transfer experiment's plain comparator, written as plain.pt")
 
 
 def run(args: MetaPretrainArgs) -> dict:
     """Build the tasks, meta-train, write the checkpoint and its card; returns the card."""
-    if args.real_weight <= 0:
-        raise ValueError(f"--real-weight {args.real_weight}: give a positive factor (1: every task alike)")
     import pytorch_lightning as pl
     import torch
     import torch_geometric

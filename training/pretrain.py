@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from gnn_policy.args import flag
+from gnn_policy.args import at_least, flag, positive
 from gnn_policy.database import DEFAULT_PATH
 from training.imported import TUNED_CONFIGS, load_demonstrations
 
@@ -27,22 +27,23 @@ class PretrainArgs:
     config: str = flag("", "a JSON file of these fields; flags given on the command line override it")
     gpus: tuple[str, ...] = flag(("H200-SXM-141GB",), "GPUs whose real measurements to train on (repeatable)",
                                  action="append")
-    epochs: int = flag(200, "passes over the training problems")
-    batch_size: int = flag(8, "problems per batch")
-    lr: float = flag(1e-3, "AdamW learning rate")
-    hidden: int = flag(128, "width of the encoders and heads")
-    layers: int = flag(3, "GINEConv layers")
+    epochs: int = flag(200, "passes over the training problems", check=at_least(1))
+    batch_size: int = flag(8, "problems per batch", check=at_least(1))
+    lr: float = flag(1e-3, "AdamW learning rate", check=positive)
+    hidden: int = flag(128, "width of the encoders and heads", check=at_least(1))
+    layers: int = flag(3, "GINEConv layers", check=at_least(1))
     geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps)",
                           off="the cost head reads no tile geometry (as the first checkpoints)")
-    temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)")
+    temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)", check=positive)
     seed: int = flag(0, "seed of weights, shuffling and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for pretrained.pt and pretrained.card.json")
     log_dir: str = flag("runs/pretrain", "folder for the CSV metrics and the offline W&B run")
     group: str = flag("pretrain", "W&B group")
     tags: tuple[str, ...] = flag((), "W&B tags (repeatable)", action="append")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
-    max_minutes: float = flag(20.0, "stop training after this many minutes")
-    imitation_weight: float = flag(0.0, "weight of the imitation loss on imported vLLM / SGLang configs (0: off)")
+    max_minutes: float = flag(20.0, "stop training after this many minutes", check=positive)
+    imitation_weight: float = flag(0.0, "weight of the imitation loss on imported vLLM / SGLang configs (0: off)",
+                                   check=at_least(0, float))
     imported: str = flag(str(TUNED_CONFIGS), "folder of the imported tuned configs (with --imitation-weight)")
 
 

@@ -38,9 +38,12 @@ from collections import defaultdict
 from pathlib import Path
 from time import monotonic
 
-from gnn_policy.args import flag
+from gnn_policy.args import at_least, flag, int_list, one_of, positive
+from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
-from training.finetune import ADAPT_VERSION, FinetuneArgs
+from gnn_policy.interrupts import on_interrupt
+from gnn_policy.measure.workers import runner_path
+from training.finetune import ADAPT_VERSION, PER_PROBLEM, FinetuneArgs
 from training.transfer_log import TransferLog, file_digest, fingerprint
 
 FLOOR = 0.01
@@ -67,23 +70,26 @@ class TransferArgs:
                            "unless --report-only")
     plain: str = flag("", "plain pretrained checkpoint trained without the target (the shipped "
                           "pretrained.pt saw the H200); required unless --report-only")
-    budgets: str = flag("0,16,32,64,128,256", "total measurements on the target, comma-separated")
-    seeds: str = flag("0", "seeds, comma-separated (fine-tune choices, scratch weights, searches)")
+    budgets: str = flag("0,16,32,64,128,256", "total measurements on the target, comma-separated",
+                        check=int_list(0))
+    seeds: str = flag("0", "seeds, comma-separated (fine-tune choices, scratch weights, searches)", check=int_list(0))
     meta: str = flag(str(CHECKPOINTS / "meta.pt"), "meta-pretrained checkpoint, trained without the target")
     analytic: str = flag(str(CHECKPOINTS / "analytic-slices.json"), "analytic model, fitted without the target "
                                                                     "(the default: on H200 slices only)")
     db: str = flag(str(DEFAULT_PATH), "database holding best known on the target; evaluation picks are stored "
                                       "here (--simulate uses a database of its own under --work)")
-    split: str = flag("test", "split evaluated on: test to report, val to choose fine-tune settings without it")
+    split: str = flag("test", "split evaluated on: test to report, val to choose fine-tune settings without it",
+                      check=one_of(*SPLIT_NAMES))
     problems: int = flag(40, "the split's first N problems in collection order (for test, a dense sweep's), "
-                             "those measured on the target, to evaluate on (0: the whole split)")
-    tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on")
-    rounds: int = flag(4, "fine-tune rounds")
-    steps: int = flag(FinetuneArgs.steps, "gradient steps per fine-tune round (finetune's default)")
-    lr: float = flag(FinetuneArgs.lr, "learning rate of the fine-tunes (finetune's default)")
+                             "those measured on the target, to evaluate on (0: the whole split)", check=at_least(0))
+    tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on", check=at_least(1))
+    rounds: int = flag(4, "fine-tune rounds", check=at_least(1))
+    steps: int = flag(FinetuneArgs.steps, "gradient steps per fine-tune round (finetune's default)", check=at_least(0))
+    lr: float = flag(FinetuneArgs.lr, "learning rate of the fine-tunes (finetune's default)", check=positive)
     simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")
-    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)")
-    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout")
+    runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)",
+                       check=runner_path)
+    timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout", check=positive)
     work: str = flag("", "folder of the fine-tunes' databases, checkpoints and W&B runs (default: "
                          "runs/transfer/<target>)")
     out: str = flag("", "folder for transfer.csv, transfer.md, transfer.png and runs.jsonl (default: "
@@ -91,19 +97,26 @@ class TransferArgs:
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
     time_limit: float = flag(0.0, "minutes after which no further (method, budget, seed) run starts (the first "
                                   "always does): what was measured is kept, the finished runs are reported in "
-                                  "transfer.partial.*, and a re-run goes on from there")
+                                  "transfer.partial.*, and a re-run goes on from there", check=at_least(0, float))
     shard_dir: str = flag("", "after each (method, budget, seed) run, write the evaluation measurements added "
                               "since the last export to a new shard here (e.g. data/measurements), so a fresh "
                               "machine can resume")
     report_only: bool = flag(False, "run nothing: rebuild transfer.md, transfer.png and the W&B runs from the "
                                     "transfer.csv in --out (written on a GPU machine without wandb, say)")
 
+    def __post_init__(self) -> None:
+        most = max(int(b) for b in self.budgets.split(","))
+        if most > PER_PROBLEM * self.tune_problems:  # each fine-tune would refuse it, after the runs before it
+            raise ValueError(f"--budgets {most}: a fine-tune measures at most {PER_PROBLEM} per tuning problem, "
+                             f"{PER_PROBLEM * self.tune_problems} for {self.tune_problems} (--tune-problems)")
+
 
 def seen_gpus(path: str | Path) -> tuple[str, ...]:
-    """The GPUs a checkpoint has an embedding for: those it was trained on."""
-    import torch
+    """The GPUs a checkpoint has an embedding for: those it was trained on. The whole policy is
+    loaded, so a file that is not one is refused before the experiment starts."""
+    from gnn_policy.policy import Policy
 
-    return tuple(torch.load(path, weights_only=True, map_location="cpu")["model_config"]["gpu_names"])
+    return tuple(Policy.load(path).model.cfg.gpu_names)
 
 
 def check_held_out(args: TransferArgs, target: str) -> None:
@@ -160,7 +173,7 @@ def run(args: TransferArgs) -> dict:
     from gnn_policy.measure.workers import WorkerPool
     from gnn_policy.policy import Policy
     from gnn_policy.search import Measurer
-    from gnn_policy.snapshot import export_run, load_shipped, run_stamp
+    from gnn_policy.snapshot import load_shipped, run_stamp
 
     spec = hardware_specs.load(args.target)
     check_held_out(args, spec.name)
@@ -174,8 +187,7 @@ def run(args: TransferArgs) -> dict:
     with Database(_evaluation_db(args)) as db, contextlib.ExitStack() as stack:
         exporting = bool(args.shard_dir) and not args.simulate
         if exporting and db.meta(EXPORTED):  # rows of a killed run, shipped before new shards arrive after them
-            counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
-                                               tuple(json.loads(db.meta(EXPORTED))), f"{run_stamp()}-recovered")
+            counts["shard_rows"] += _export(db, args, spec.name, f"{run_stamp()}-recovered")
         load_shipped(db)
         if exporting:
             db.set_meta(EXPORTED, json.dumps(db.high_water()))
@@ -192,6 +204,9 @@ def run(args: TransferArgs) -> dict:
             raise TransferError(f"no {args.split}-split problem is measured on {spec.name} in {args.db}: collect them first")
         measure = Measurer(db, spec, pool, compiler, counts, source=source)
         log = TransferLog(Path(args.out) / RUN_LOG)
+        stack.enter_context(on_interrupt(lambda: f"{counts['runs']} runs finished this call, kept in {log.path}; "
+                                                 f"measurements stored in {db.path}; run the same command again to "
+                                                 "resume (an unfinished fine-tune goes on from --work)"))
         if log.damaged:
             print(f"{log.damaged} lines of {log.path} do not parse: skipped")
         # the searches last: at large B they measure most, and a time-limited call should leave them undone first
@@ -213,9 +228,7 @@ def run(args: TransferArgs) -> dict:
                 picks, kept = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_,
                                      fingerprint(tune), digests["plain"])
                 if exporting:  # after every run: a killed call loses at most the run in flight
-                    counts["shard_rows"] += export_run(db, args.shard_dir, spec.name, "transfer",
-                                                       tuple(json.loads(db.meta(EXPORTED))),
-                                                       f"{run_stamp()}-{method}-B{budget}-s{seed}")
+                    counts["shard_rows"] += _export(db, args, spec.name, f"{run_stamp()}-{method}-B{budget}-s{seed}")
                     db.set_meta(EXPORTED, json.dumps(db.high_water()))
                 log.add(settings, method, budget, seed, picks, kept)
                 counts["runs"] += 1
@@ -248,6 +261,19 @@ def run(args: TransferArgs) -> dict:
     if args.wandb:
         _log_wandb(args, rows, spec.name)
     return {"target": spec.name, "problems": len(problems), **counts, "report": report}
+
+
+def _export(db, args: TransferArgs, target: str, stamp: str) -> int:
+    """Export the evaluation rows stored since the last export; a shard the disk refuses leaves
+    the mark where it was, so the next call exports them (as it does a killed call's)."""
+    from gnn_policy import snapshot
+
+    try:
+        since = tuple(json.loads(db.meta(EXPORTED)))
+        return snapshot.export_run(db, args.shard_dir, target, "transfer", since, stamp)
+    except OSError as exc:
+        raise snapshot.ExportError(f"could not write a shard to {args.shard_dir} ({exc.strerror or exc}); the rows "
+                                   f"stay in {db.path}, and the next run with --shard-dir exports them") from None
 
 
 def _settings(args: TransferArgs, method: str, target: str, source: str, problems, space_,

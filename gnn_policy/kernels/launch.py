@@ -95,9 +95,6 @@ def tile_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-INT32_MAX = 2**31 - 1
-
-
 def max_offset(t: torch.Tensor) -> int:
     """The largest element offset from `t`'s first element (what the kernel's int32 math reaches)."""
     return sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else 0

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from graphs import GemmProblem
+from gnn_policy.interrupts import children_ignore_sigint, quiet_child
 from gnn_policy.space import TileConfig
 
 
@@ -119,8 +120,10 @@ class CompilePool:
         self.timeout_s, self.grace_s = timeout_s, grace_s
         self.fn = fn or compile_one
         context = multiprocessing.get_context("spawn")  # CUDA cannot fork
-        self._pool = context.Pool(workers or default_workers())
-        self._manager = context.Manager()
+        with children_ignore_sigint():  # Ctrl-C is the parent's: a worker would only print a traceback
+            self._pool = context.Pool(workers or default_workers(), initializer=quiet_child,
+                                      initargs=(os.getpid(),))
+            self._manager = context.Manager()
         self._started = self._manager.dict()
 
     def _lost(self, index: int) -> bool:

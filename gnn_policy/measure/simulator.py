@@ -136,17 +136,33 @@ class SimulatedPool:
                               tflops=problem.flops / (ms * 1e-3) / 1e12, versions=self.versions)
 
 
-def fitted_gpus(path) -> list[str]:
-    """The GPUs whose measurements the coefficients at `path` were fitted on."""
+def _fit_file(path) -> dict:
+    """The JSON `benchmarks/fit_analytic.py` wrote; CheckpointError naming the file for anything else."""
     import json
 
-    with open(path) as f:
-        return json.load(f)["gpus"]
+    from gnn_policy.checkpoint import CheckpointError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            fit = json.load(f)
+    except FileNotFoundError:  # the command line says so in one line already
+        raise
+    except (OSError, ValueError) as exc:  # unreadable, bytes that are not text, not JSON
+        raise CheckpointError(f"{path}: not a fitted analytic model ({exc})") from None
+    coefficients = fit.get("coefficients") if isinstance(fit, dict) else None
+    numbers = isinstance(coefficients, dict) and all(
+        isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in coefficients.values())
+    if not (numbers and set(coefficients) <= set(COEFFICIENTS) and isinstance(fit.get("gpus"), list)):
+        raise CheckpointError(f"{path}: not a fitted analytic model (expected 'gpus' and positive 'coefficients' "
+                              f"among {', '.join(COEFFICIENTS)})")
+    return fit
+
+
+def fitted_gpus(path) -> list[str]:
+    """The GPUs whose measurements the coefficients at `path` were fitted on."""
+    return _fit_file(path)["gpus"]
 
 
 def load_fitted(path) -> AnalyticModel:
     """The coefficients `benchmarks/fit_analytic.py` wrote."""
-    import json
-
-    with open(path) as f:
-        return AnalyticModel(**json.load(f)["coefficients"])
+    return AnalyticModel(**_fit_file(path)["coefficients"])

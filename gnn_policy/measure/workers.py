@@ -13,19 +13,43 @@ in order.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import multiprocessing
 import multiprocessing.connection
+import os
 from typing import Any, Iterator, Sequence
 
 from graphs import GemmProblem
+from gnn_policy.interrupts import children_ignore_sigint, quiet_child
 from gnn_policy.measure.result import CUBLAS, Measurement
 from gnn_policy.space import TileConfig
 
 
-def _child(conn: multiprocessing.connection.Connection, fn_path: str, options: dict[str, Any]) -> None:
-    module, name = fn_path.split(":")
-    fn = getattr(importlib.import_module(module), name)
+def runner_path(text: str) -> str:
+    """--runner's check: "package.module:function", as the worker imports it."""
+    module, _, name = text.partition(":")
+    if not (name.isidentifier() and all(part.isidentifier() for part in module.split("."))):
+        raise argparse.ArgumentTypeError(f"{text!r} is not package.module:function")
+    return text
+
+
+def _child(conn: multiprocessing.connection.Connection, fn_path: str, options: dict[str, Any],
+           parent_pid: int | None = None) -> None:
+    quiet_child(parent_pid)
+    try:
+        try:
+            module, name = fn_path.split(":")
+            fn = getattr(importlib.import_module(module), name)
+        except Exception as exc:  # noqa: BLE001 - the parent reports it in one line
+            conn.send(StartFailed(f"{type(exc).__name__}: {exc}"[:500]))
+            return
+        _serve(conn, fn, options)
+    except (EOFError, OSError):  # the parent is gone (killed, or closed the pipe): nothing to report to
+        return
+
+
+def _serve(conn: multiprocessing.connection.Connection, fn: Any, options: dict[str, Any]) -> None:
     conn.send("ready")
     while True:
         job = conn.recv()
@@ -40,12 +64,20 @@ def _child(conn: multiprocessing.connection.Connection, fn_path: str, options: d
                 if measurement.status == "crashed":
                     return  # the CUDA context may be poisoned: the pool starts a fresh process
         except Exception as exc:
-            if produced:
+            if produced:  # a closed pipe among them: `_child` ends quietly on it
                 raise
             # Before the first config: the problem's inputs or reference failed (e.g. out of
             # memory). No config is to blame, so no config gets a row.
             conn.send(SetupFailed(f"{type(exc).__name__}: {exc}"[:500]))
             return
+
+
+class StartFailed(str):
+    """The child's message when the measuring function cannot be imported (the reason)."""
+
+
+class WorkerError(RuntimeError):
+    """The measuring worker could not start: the message says why."""
 
 
 class SetupFailed(str):
@@ -70,15 +102,24 @@ class WorkerPool:
 
     def _start(self) -> None:
         parent, child = self.ctx.Pipe()
-        self._proc = self.ctx.Process(target=_child, args=(child, self.fn_path, self.options), daemon=True)
-        self._proc.start()
+        self._proc = self.ctx.Process(target=_child, args=(child, self.fn_path, self.options, os.getpid()),
+                                      daemon=True)
+        with children_ignore_sigint():
+            self._proc.start()
         child.close()
         self._conn = parent
         # Imports (torch, CUDA) happen before the first config and do not count against it.
-        if not parent.poll(self.startup_timeout_s) or parent.recv() != "ready":
+        if not parent.poll(self.startup_timeout_s):
             self._kill()
-            raise RuntimeError(f"measuring worker {self.fn_path} did not start within "
-                               f"{self.startup_timeout_s:g} s")
+            raise WorkerError(f"measuring worker {self.fn_path} did not start within {self.startup_timeout_s:g} s")
+        try:
+            msg = parent.recv()
+        except EOFError:
+            self._proc.join(timeout=10)  # reap it, so that its exit code is known
+            msg = StartFailed(f"it exited (code {self._proc.exitcode}) before it was ready")
+        if msg != "ready":
+            self._kill()
+            raise WorkerError(f"measuring worker {self.fn_path} could not start: {msg}")
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -98,7 +139,9 @@ class WorkerPool:
     def __enter__(self) -> WorkerPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type | None, *exc: object) -> None:
+        if kind is not None:  # stopped by an error or Ctrl-C: the job in flight is abandoned at once
+            self._kill()
         self.close()
 
     def _failed(self, problem: GemmProblem, config: TileConfig | None, status: str, why: str) -> Measurement:
