@@ -199,15 +199,18 @@ def compile_ahead(jobs, runner: str, timeout_s: float = 120.0) -> Iterator | Non
 def run(args: CollectArgs) -> dict:
     """Measure what is missing; returns counts (measured, skipped, per status) and timings."""
     import hardware_specs
+    from gnn_policy import distributed
     from gnn_policy.database import Database
     from gnn_policy.snapshot import export_run, load_shipped
 
+    db_path = distributed.as_rank(args.db, args.shard_dir)  # under torchrun: this rank's GPU and database
     gpu = hardware_specs.resolve(args.gpu)
-    problems = select_problems(args.split, args.problems, args.seed, args.max_gflop, min_gflop=args.min_gflop)
+    problems = distributed.share(select_problems(args.split, args.problems, args.seed, args.max_gflop,
+                                                 min_gflop=args.min_gflop))
     counts: dict = defaultdict(int)
     start = time.monotonic()
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
-    with Database(args.db) as db:
+    with Database(db_path) as db:
         counts["loaded_from_shards"] = load_shipped(db)
         since = db.high_water()
         kernels: set[str] = set()
@@ -215,7 +218,7 @@ def run(args: CollectArgs) -> dict:
             measure_planned(db, gpu, plan(problems, gpu, args), args, counts, deadline, kernels, pool)
         finish_counts(counts, start, kernels)
         if args.shard_dir:
-            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "", since)
+            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, distributed.shard_kind(""), since)
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in counts.items()}
 
 

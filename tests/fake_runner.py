@@ -1,5 +1,6 @@
 """A measuring function for worker tests: no GPU, with planted crashes and hangs."""
 import os
+import signal
 import time
 
 from gnn_policy.measure.result import Measurement
@@ -42,3 +43,17 @@ def analytic(problem, configs, *, gpu, **_):
         t = ms.get(config, 0.5 * min(ms.values(), default=1.0))  # cuBLAS: twice the fastest of the batch
         yield Measurement(gpu, problem.key, config.key if config else "cublas", "ok", median_ms=t,
                           tflops=problem.flops / (t * 1e-3) / 1e12)
+
+
+def dying(problem, configs, *, gpu, **options):
+    """`measure`, except that on the torchrun rank named by $FAKE_RUNNER_KILL_RANK this measuring
+    child kills its rank (SIGKILL) when the rank's second problem arrives: a rank that dies."""
+    global _problems_seen
+    _problems_seen += 1
+    if os.environ.get("RANK") == os.environ.get("FAKE_RUNNER_KILL_RANK") and _problems_seen == 2:
+        os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(1)
+    yield from measure(problem, configs, gpu=gpu, **options)
+
+
+_problems_seen = 0  # per measuring child: one child serves a rank's problems in turn
