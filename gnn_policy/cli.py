@@ -220,7 +220,8 @@ def run_pretrain(args: PretrainArgs) -> int:
     from training.pretrain import run  # Lightning loads only for the commands that train
 
     card = run(args)
-    print(json.dumps(card["metrics"], indent=1))
+    if card is not None:  # None: a DDP rank other than 0
+        print(json.dumps(card["metrics"], indent=1))
     return 0
 
 
@@ -233,7 +234,8 @@ def run_meta_pretrain(args: MetaPretrainArgs) -> int:
     except TaskError as exc:  # defined beside the tasks, which import torch: caught here, not in main
         print(f"gnn-policy meta-pretrain: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(card["metrics"], indent=1))
+    if card is not None:  # None: a DDP rank other than 0
+        print(json.dumps(card["metrics"], indent=1))
     return 0
 
 

@@ -210,17 +210,20 @@ def compile_ahead(jobs, runner: str, timeout_s: float = 120.0) -> Iterator | Non
 def run(args: CollectArgs) -> dict:
     """Measure what is missing; returns counts (measured, skipped, per status) and timings."""
     import hardware_specs
+    from gnn_policy import distributed
     from gnn_policy.database import Database
     from gnn_policy.snapshot import RunExport, load_shipped
 
+    db_path = distributed.as_rank(args.db, args.shard_dir)  # under torchrun: this rank's GPU and database
     gpu = hardware_specs.resolve(args.gpu)
-    problems = select_problems(args.split, args.problems, args.seed, args.max_gflop, min_gflop=args.min_gflop)
+    problems = distributed.share(select_problems(args.split, args.problems, args.seed, args.max_gflop,
+                                                 min_gflop=args.min_gflop))
     counts: dict = defaultdict(int)
     start = time.monotonic()
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
-    with Database(args.db) as db:
+    with Database(db_path) as db:
         counts["loaded_from_shards"] = load_shipped(db)
-        export = RunExport(db, args.shard_dir, gpu.name) if args.shard_dir else None
+        export = RunExport(db, args.shard_dir, gpu.name, distributed.shard_kind("")) if args.shard_dir else None
         kernels: set[str] = set()
         stopped = on_interrupt(lambda: stored_note(counts["measured"], args.db, args.shard_dir))
         with stopped, worker_pool(gpu, args) as pool:

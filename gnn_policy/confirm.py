@@ -69,22 +69,24 @@ def run(args: ConfirmArgs) -> dict:
 
     import hardware_specs
     from graphs.classes import split_of
+    from gnn_policy import distributed
     from gnn_policy.collect import compile_ahead, take_compiled
     from gnn_policy.database import Database
     from gnn_policy.measure.workers import ProblemSetupError, WorkerPool
     from gnn_policy.snapshot import RunExport, load_shipped, run_stamp
 
+    db_path = distributed.as_rank(args.db, args.shard_dir)  # under torchrun: this rank's GPU and database
     gpu = hardware_specs.resolve(args.gpu)
     run_id = run_stamp()
     counts: dict = defaultdict(int)
     start = time.monotonic()
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
-    with Database(args.db) as db:
+    with Database(db_path) as db:
         load_shipped(db)
-        export = RunExport(db, args.shard_dir, gpu.name, "retime") if args.shard_dir else None
+        export = RunExport(db, args.shard_dir, gpu.name, distributed.shard_kind("retime")) if args.shard_dir else None
         retimed = db.retimed(gpu.name)
         jobs = []
-        for p in db.problems(gpu.name):
+        for p in distributed.share(db.problems(gpu.name)):
             if (args.split and split_of(p) != args.split) or (args.problem and p.key not in args.problem):
                 continue
             wanted = contenders(db.tflops(gpu.name, p.key), args.top)

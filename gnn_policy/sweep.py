@@ -107,20 +107,22 @@ def _dense_plan(db, gpu, problems: list[GemmProblem], args: SweepArgs, collect: 
 def run(args: SweepArgs) -> dict:
     """Dense, refine, confirm, as far as the time limit allows; returns counts and `complete`."""
     import hardware_specs
+    from gnn_policy import distributed
     from gnn_policy.confirm import ConfirmArgs, run as confirm
     from gnn_policy.database import Database
     from gnn_policy.snapshot import export_run, load_shipped
 
+    db_path = distributed.as_rank(args.db, args.shard_dir)  # under torchrun: this rank's GPU and database
     gpu = hardware_specs.resolve(args.gpu)
     collect = CollectArgs(db=args.db, gpu=args.gpu, split=args.split, problems=args.problems, configs=args.configs,
                           pool=args.pool, space=args.space, named=args.named, seed=args.seed, timeout=args.timeout,
                           compile_timeout=args.compile_timeout, replays=args.replays, runner=args.runner)
-    problems = select_problems(args.split, args.problems, args.seed)
+    problems = distributed.share(select_problems(args.split, args.problems, args.seed))
     counts: dict = defaultdict(int)
     start = time.monotonic()
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")
     kernels: set[str] = set()
-    with Database(args.db) as db:
+    with Database(db_path) as db:
         counts["loaded_from_shards"] = load_shipped(db)
         since = db.high_water()
         with worker_pool(gpu, collect) as pool:
@@ -136,10 +138,10 @@ def run(args: SweepArgs) -> dict:
         counts["problems_refining"] = len(left) if dense_done else len(problems)
         finish_counts(counts, start, kernels)
         if args.shard_dir:
-            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "sweep", since)
+            counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, distributed.shard_kind("sweep"), since)
     minutes = (deadline - time.monotonic()) / 60
     complete = dense_done and not left
-    if complete and minutes > 0:
+    if complete and minutes > 0 and problems:  # no problems: confirm would take every measured one
         confirmed = confirm(ConfirmArgs(db=args.db, gpu=args.gpu, top=args.confirm_top, rounds=args.rounds,
                                         seed=args.seed, timeout=args.timeout, replays=args.replays,
                                         time_limit=0.0 if minutes == float("inf") else minutes,

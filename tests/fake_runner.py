@@ -1,5 +1,6 @@
 """A measuring function for worker tests: no GPU, with planted crashes and hangs."""
 import os
+import signal
 import time
 
 from gnn_policy.measure.result import Measurement
@@ -51,3 +52,17 @@ def slow(problem, configs, *, gpu, **options):
     for config in configs:
         time.sleep(pause)
         yield from measure(problem, [config], gpu=gpu, **options)
+
+
+def dying(problem, configs, *, gpu, **options):
+    """`measure`, except that on the torchrun rank named by $FAKE_RUNNER_KILL_RANK this measuring
+    child kills its rank (SIGKILL) when the rank's second problem arrives: a rank that dies."""
+    global _problems_seen
+    _problems_seen += 1
+    if os.environ.get("RANK") == os.environ.get("FAKE_RUNNER_KILL_RANK") and _problems_seen == 2:
+        os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(1)
+    yield from measure(problem, configs, gpu=gpu, **options)
+
+
+_problems_seen = 0  # per measuring child: one child serves a rank's problems in turn

@@ -93,6 +93,7 @@ def run(args: BenchArgs) -> dict:
     from tqdm import tqdm
 
     import hardware_specs
+    from gnn_policy import distributed
     from gnn_policy.measure.compile import CompilePool
     from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
@@ -102,16 +103,17 @@ def run(args: BenchArgs) -> dict:
     from gnn_policy.search import Measurer
     from gnn_policy.snapshot import RunExport, load_shipped
 
+    db_path = distributed.as_rank(args.db, args.shard_dir)  # under torchrun: this rank's GPU and database
     gpu = hardware_specs.resolve(args.gpu)
     budgets = sorted(int(b) for b in args.budgets.split(","))
     policy = Policy.load(args.checkpoint or DEFAULT_CHECKPOINT)
     analytic = load_fitted(DEFAULT_CHECKPOINT.parent / "analytic.json")
     counts: defaultdict = defaultdict(int)
-    with Database(args.db) as db:
+    with Database(db_path) as db:
         load_shipped(db)
-        export = RunExport(db, args.shard_dir, gpu.name, "bench") if args.shard_dir else None
+        export = RunExport(db, args.shard_dir, gpu.name, distributed.shard_kind("bench")) if args.shard_dir else None
         measured = {p.key for p in db.problems(gpu.name)}
-        problems = [p for p in select_problems(args.split, args.problems, 0) if p.key in measured]
+        problems = distributed.share([p for p in select_problems(args.split, args.problems, 0) if p.key in measured])
         real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
         stopped = on_interrupt(lambda: f"{counts['measured']} measurements stored in {args.db}; run the same "
                                        "command again to resume (what is measured is reused)")
@@ -132,6 +134,10 @@ def run(args: BenchArgs) -> dict:
         return {"problems": len(found), **counts, "stopped_by_time_limit": 1,
                 "report": f"stopped by --time-limit after {len(found)} of {len(problems)} problems; run again "
                           "to finish (what is measured is reused), no report written"}
+    if distributed.launch().world > 1:  # the report needs every rank's rows: --report-only merges the parts
+        part = write_csv(rows, distributed.part_path(Path(args.out) / "bench.csv"))
+        return {"problems": len(problems), **counts, "report": f"this rank's rows are in {part}; when every rank "
+                f"is done, `gnn-policy bench --report-only --out {args.out}` merges them and writes the report"}
     report = write_report(rows, budgets, Path(args.out), gpu.name)
     record_in_card(args, rows, budgets)
     if args.wandb:
@@ -158,10 +164,14 @@ def _rows(db, gpu: str, problems, found: dict, budgets: list[int]) -> list[dict]
 
 
 def report_from_csv(args: BenchArgs) -> dict:
-    """The report and W&B run of an earlier bench, from its CSV (types restored)."""
+    """The report and W&B run of an earlier bench, from its CSV (types restored); the parts that
+    the ranks of a torchrun bench wrote are merged into that CSV first."""
     import csv
 
+    from gnn_policy.distributed import merge_parts
+
     path = Path(args.out) / "bench.csv"
+    merge_parts(path)
     if not path.exists():
         raise FileNotFoundError(f"--report-only needs {path}, the CSV of an earlier bench run")
     rows = [{**r, "k": int(r["k"]), "fraction": float(r["fraction"]),
@@ -182,14 +192,21 @@ def summary(rows: list[dict], budgets: list[int]) -> dict[str, dict[int, float]]
             for m in methods}
 
 
-def write_report(rows: list[dict], budgets: list[int], out: Path, gpu: str) -> str:
+def write_csv(rows: list[dict], path: Path) -> Path:
+    """The rows as CSV with a header (an empty file for no rows: a rank that owned no problem)."""
     import csv
 
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "bench.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return path
+
+
+def write_report(rows: list[dict], budgets: list[int], out: Path, gpu: str) -> str:
+    write_csv(rows, out / "bench.csv")
     table = summary(rows, budgets)
     lines = [f"Fraction of best known on {gpu}, geomean over {len({r['problem'] for r in rows})} problems, "
              "by measurements spent:", "", "| method | " + " | ".join(f"k={k}" for k in budgets) + " |",

@@ -31,6 +31,13 @@ class MeasurementDataModule(pl.LightningDataModule):
         self.samples: dict[str, list[Sample]] = {}
         self.imported: list[Sample] = []
 
+    def prepare_data(self) -> None:
+        # Lightning runs this in one process per machine before any `setup`: the shards are
+        # loaded by one writer, and the ranks' setups then only read
+        if self.load_snapshot:
+            with Database(self.db) as db:
+                load_shipped(db)
+
     def setup(self, stage: str | None = None) -> None:
         if self.samples:
             return

@@ -34,6 +34,7 @@ import pytorch_lightning as pl
 import torch
 
 from gnn_policy.model import ModelConfig, PolicyModel
+from training.ddp import average_weights
 from training.meta_data import AdaptationBatch, Step, TaskBatch
 from training.objective import LossWeights, objective
 
@@ -106,10 +107,11 @@ class ReptileModule(pl.LightningModule):
             optimizer.optimizer.state.clear()  # a fresh Adam for every task
         losses = inner_steps(self.model, task.inner, optimizer, self.manual_backward, self.weights)
         after = score(self.model, task.query, self.weights)
+        average_weights(params)  # under DDP: towards the mean of the ranks' adapted weights
         reptile_update(params, meta, epsilon)
         self.log_dict({"train/meta_loss": after["loss"], "train/inner_loss_first": losses[0],
                        "train/inner_loss_last": losses[-1], "train/epsilon": epsilon},
-                      batch_size=1, on_step=False, on_epoch=True)
+                      batch_size=1, on_step=False, on_epoch=True, sync_dist=True)
 
     def validation_step(self, task: AdaptationBatch, _: int) -> None:
         before = score(self.model, task.query, self.weights)
@@ -122,7 +124,7 @@ class ReptileModule(pl.LightningModule):
                        "val/top1_before": before["top1_measured"], "val/top1_after": after["top1_measured"],
                        "val/adaptation_gain": before["loss"] - after["loss"],
                        "val/top1_gain": after["top1_measured"] - before["top1_measured"]},
-                      batch_size=1, on_step=False, on_epoch=True)
+                      batch_size=1, on_step=False, on_epoch=True, sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return inner_optimizer(self.model.parameters(), self.reptile)

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from hardware_specs.features import GpuVocab
 from gnn_policy.space import ConfigSpace
 from training.dataset import Collated, Sample, collate
+from training.ddp import process_rank
 from training.tasks import HeldOut, Task
 
 
@@ -56,7 +57,11 @@ def steps(measured: list[list[Sample]], demos: list[list[Sample]], space: Config
 
 class TaskStream(IterableDataset):
     """`length` task batches per pass, drawn from a seeded stream that continues across passes;
-    a task of real rows is drawn `real_weight` times as often as any other."""
+    a task of real rows is drawn `real_weight` times as often as any other.
+
+    Under DDP (`training.ddp`) with N ranks, every rank runs the same stream, draws a task for
+    each rank at every meta-step and keeps its own: rank r takes draws r, r + N, r + 2N, ...,
+    so the ranks' tasks differ, and N = 1 is the stream as it always was."""
 
     def __init__(self, tasks: Sequence[Task], length: int, inner_steps: int, batch_size: int, space: ConfigSpace,
                  vocab: GpuVocab, seed: int, real_weight: float = 1.0):
@@ -69,12 +74,16 @@ class TaskStream(IterableDataset):
         return self.length
 
     def __iter__(self) -> Iterator[TaskBatch]:
+        rank, world = process_rank()
+        n = self.inner_steps + 1
         for _ in range(self.length):
-            task = self.rng.choices(self.tasks, self.weights)[0] if self.weights else self.rng.choice(self.tasks)
-            n = self.inner_steps + 1
-            batches = steps(chunks(task.samples, n, self.batch_size, self.rng),
-                            chunks(task.demos, n, self.batch_size, self.rng), self.space, self.vocab)
-            yield TaskBatch(task.gpu, batches[:-1], batches[-1])
+            for r in range(world):
+                task = self.rng.choices(self.tasks, self.weights)[0] if self.weights else self.rng.choice(self.tasks)
+                samples, demos = (chunks(task.samples, n, self.batch_size, self.rng),
+                                  chunks(task.demos, n, self.batch_size, self.rng))
+                if r == rank:
+                    batches = steps(samples, demos, self.space, self.vocab)
+                    yield TaskBatch(task.gpu, batches[:-1], batches[-1])
 
 
 @dataclasses.dataclass

@@ -81,12 +81,18 @@ class MetaPretrainArgs:
     tags: tuple[str, ...] = flag((), "W&B tags (repeatable)", action="append")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
     max_minutes: float = flag(12.0, "stop meta-training after this many minutes", check=positive)
+    devices: int = flag(1, "processes to meta-train in, one per GPU (without a GPU, CPU processes with gloo): "
+                           "each meta-step averages the adapted weights of one task per process; rank 0 writes "
+                           "the outputs")
     plain: bool = flag(False, "train plainly on the same tasks instead (one Adam throughout, no Reptile step, "
                               "ε ignored): the transfer experiment's plain comparator, written as plain.pt")
 
 
-def run(args: MetaPretrainArgs) -> dict:
-    """Build the tasks, meta-train, write the checkpoint and its card; returns the card."""
+def run(args: MetaPretrainArgs) -> dict | None:
+    """Build the tasks, meta-train, write the checkpoint and its card; returns the card (None on
+    ranks other than 0, which write nothing)."""
+    if args.real_weight <= 0:
+        raise ValueError(f"--real-weight {args.real_weight}: give a positive factor (1: every task alike)")
     import pytorch_lightning as pl
     import torch
     import torch_geometric
@@ -95,6 +101,7 @@ def run(args: MetaPretrainArgs) -> dict:
     from gnn_policy.policy import save_checkpoint
     from gnn_policy.snapshot import SHIPPED
     from hardware_specs.features import GpuVocab
+    from training.ddp import trainer_options
     from training.meta import ReptileConfig, ReptileModule
     from training.meta_data import MetaDataModule
     from training.objective import LossWeights
@@ -118,7 +125,8 @@ def run(args: MetaPretrainArgs) -> dict:
     module = ReptileModule(model_config, reptile, LossWeights(temperature=args.temperature,
                                                               imitation=args.imitation_weight))
     trainer = pl.Trainer(
-        max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, accelerator="auto", devices=1,
+        max_epochs=args.epochs, max_time={"minutes": args.max_minutes},
+        **trainer_options(args.devices, task_parallel=True),
         logger=loggers(Path(args.log_dir), job_type="meta-pretrain", group=args.group, tags=args.tags,
                        config=dataclasses.asdict(args), wandb=args.wandb),
         enable_checkpointing=False, deterministic=True, log_every_n_steps=1, num_sanity_val_steps=0,
@@ -129,13 +137,15 @@ def run(args: MetaPretrainArgs) -> dict:
     train_seconds = time.time() - train_start
     train_metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
     val_end = trainer.validate(module, datamodule=data, verbose=False)[0]
+    if not trainer.is_global_zero:
+        return None
     out = Path(args.out)
     save_checkpoint(module.model, out / f"{name}.pt")
     card = {
         "checkpoint": f"{name}.pt", "job": "meta-pretrain", "args": dataclasses.asdict(args),
         "model_config": dataclasses.asdict(model_config),
         "algorithm": {"name": "plain multi-task" if args.plain else "reptile", "first_order": True,
-                      **dataclasses.asdict(reptile), "tasks_per_meta_step": 1,
+                      **dataclasses.asdict(reptile), "tasks_per_meta_step": args.devices,
                       "inner_optimizer": "Adam, one throughout" if args.plain else "Adam, fresh for every task",
                       "loss_weights": dataclasses.asdict(module.weights)},
         "tasks": [t.card() for t in tasks], "hold_out": [h.gpu for h in held],

@@ -22,7 +22,7 @@ class PolicyModule(pl.LightningModule):
     def _step(self, batch: Collated, stage: str, demos: Collated | None = None) -> torch.Tensor:
         loss, metrics = objective(self.model, batch, demos, self.weights)
         self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=batch.valid.shape[0],
-                      on_epoch=True, on_step=False)
+                      on_epoch=True, on_step=False, sync_dist=True)  # under DDP: the mean over the ranks
         return loss
 
     def training_step(self, batch: Collated | dict[str, Collated], _: int) -> torch.Tensor:

@@ -45,10 +45,15 @@ class PretrainArgs:
     imitation_weight: float = flag(0.0, "weight of the imitation loss on imported vLLM / SGLang configs (0: off)",
                                    check=at_least(0, float))
     imported: str = flag(str(TUNED_CONFIGS), "folder of the imported tuned configs (with --imitation-weight)")
+    devices: int = flag(1, "processes to train in, one per GPU (Lightning DDP; without a GPU, CPU processes "
+                           "with gloo); --batch-size is split over them, and rank 0 writes the outputs")
 
 
-def run(args: PretrainArgs) -> dict:
-    """Train, write the checkpoint and its card; returns the card."""
+def run(args: PretrainArgs) -> dict | None:
+    """Train, write the checkpoint and its card; returns the card (None on ranks other than 0,
+    which write nothing)."""
+    if args.batch_size % args.devices:
+        raise ValueError(f"--batch-size {args.batch_size} cannot be split evenly over --devices {args.devices}")
     import pytorch_lightning as pl
     import torch
     import torch_geometric
@@ -60,6 +65,7 @@ def run(args: PretrainArgs) -> dict:
     from gnn_policy.snapshot import SHIPPED
     from gnn_policy.space import space
     from training.datamodule import MeasurementDataModule
+    from training.ddp import trainer_options
     from training.module import PolicyModule
     from training.tracking import loggers
 
@@ -68,17 +74,18 @@ def run(args: PretrainArgs) -> dict:
     gpu_names = tuple(sorted({*args.gpus, *(d.gpu for d in demos)}))
     model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=gpu_names, geometry=args.geometry)
     data = MeasurementDataModule(args.db, args.gpus, space(model_config.space), GpuVocab(model_config.gpu_names),
-                                 batch_size=args.batch_size, demos=demos)
-    data.setup()
+                                 batch_size=args.batch_size // args.devices, demos=demos)
     module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature,
                           imitation_weight=args.imitation_weight)
     trainer = pl.Trainer(
-        max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, accelerator="auto", devices=1,
+        max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, **trainer_options(args.devices),
         logger=loggers(Path(args.log_dir), job_type="pretrain", group=args.group, tags=args.tags,
                        config=dataclasses.asdict(args), wandb=args.wandb),
         enable_checkpointing=False, deterministic=True, log_every_n_steps=1)
     start = time.time()
     trainer.fit(module, datamodule=data)
+    if not trainer.is_global_zero:
+        return None
     out = Path(args.out)
     save_checkpoint(module.model, out / "pretrained.pt")
     card = {

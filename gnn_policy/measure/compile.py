@@ -95,8 +95,11 @@ def compile_one(job: tuple[GemmProblem, TileConfig, float]) -> CompileResult:
 
 
 def default_workers() -> int:
-    """Every core but one, which the timing process needs."""
-    return max(1, min(32, (os.cpu_count() or 2) - 1))
+    """Every core but one, which the timing process needs; under torchrun, of this rank's share
+    of the host's cores."""
+    from gnn_policy.distributed import launch
+
+    return max(1, min(32, (os.cpu_count() or 2) // launch().local_world - 1))
 
 
 def _numbered(job: tuple[int, Any, tuple, Any]) -> tuple[int, CompileResult]:
