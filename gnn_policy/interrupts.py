@@ -19,12 +19,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
+import time
 from typing import Callable, Iterator
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a run stopped by Ctrl-C
-_PR_SET_PDEATHSIG = 1  # prctl option: a signal for this process when its parent exits
 
 
 class Interrupted(Exception):
@@ -68,14 +67,21 @@ def children_ignore_sigint() -> Iterator[None]:
 
 
 def quiet_child(parent_pid: int | None = None) -> None:
-    """First thing in a worker process: leave Ctrl-C to the parent, and die with the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
+    """First thing in a worker process: leave Ctrl-C to the parent, and die with the parent.
 
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):  # no prctl: the worker still ends at its next pipe read
-            pass
-    if parent_pid is not None and os.getppid() != parent_pid:  # the parent died before prctl took hold
+    A watcher thread ends the worker once its parent process is gone. prctl's PDEATHSIG is not
+    used: it fires when the parent *thread* ends, and multiprocessing.Pool starts replacement
+    workers (after a compiler abort) from a helper thread that ends at `terminate()`; a worker
+    killed then while holding the task queue's lock deadlocks the pool's shutdown.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = parent_pid if parent_pid is not None else os.getppid()
+    if os.getppid() != parent:  # the parent died before this worker started
         os._exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="quiet-child-watch").start()
