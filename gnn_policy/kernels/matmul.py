@@ -69,6 +69,32 @@ def _epilogue(acc, pid_m, pid_n, M, N, c_ptr, c_desc, c_row0, stride_cm, stride_
 
 
 @triton.jit
+def _tma_k_loop(a_desc, b_desc, acc, a_row0, b_row0, pid_m, pid_n, k_first, k_last, K,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
+            MASK_B_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc + the TMA-loaded A and B tiles of K tiles [k_first, k_last) of one output tile."""
+    offs_k = tl.arange(0, BLOCK_K)
+    for kt in range(k_first, k_last):
+        k0 = kt * BLOCK_K
+        if A_K_MAJOR:  # A row-major: descriptor over [rows=M, cols=K]
+            a = a_desc.load([a_row0 + pid_m * BLOCK_M, k0])
+        else:  # A column-major: descriptor over A^T, [rows=K, cols=M]
+            a = a_desc.load([a_row0 + k0, pid_m * BLOCK_M]).T
+        if B_K_MAJOR:  # B column-major: descriptor over B^T, [rows=N, cols=K]
+            b = b_desc.load([b_row0 + pid_n * BLOCK_N, k0]).T
+        else:  # B row-major: descriptor over [rows=K, cols=N]
+            b = b_desc.load([b_row0 + k0, pid_n * BLOCK_N])
+        # A K tail read across a folded batch boundary holds the next batch's values.
+        if MASK_A_K:
+            a = tl.where((k0 + offs_k)[None, :] < K, a, 0.0)
+        if MASK_B_K:
+            b = tl.where((k0 + offs_k)[:, None] < K, b, 0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
 def matmul_kernel(
         a_ptr, b_ptr, a_desc, b_desc, c_ptr, c_desc, bias_ptr, res_ptr, ws_ptr, lock_ptr,
         M, N, K,
@@ -98,24 +124,9 @@ def matmul_kernel(
     if USE_TMA:
         # Batches are folded into the descriptor's rows: `*_desc_rows` is the row offset of
         # one batch (0 when the operand is broadcast over the batch).
-        a_row0 = pid_b * a_desc_rows
-        b_row0 = pid_b * b_desc_rows
-        for kt in range(k_first, k_last):
-            k0 = kt * BLOCK_K
-            if A_K_MAJOR:  # A row-major: descriptor over [rows=M, cols=K]
-                a = a_desc.load([a_row0 + pid_m * BLOCK_M, k0])
-            else:  # A column-major: descriptor over A^T, [rows=K, cols=M]
-                a = a_desc.load([a_row0 + k0, pid_m * BLOCK_M]).T
-            if B_K_MAJOR:  # B column-major: descriptor over B^T, [rows=N, cols=K]
-                b = b_desc.load([b_row0 + pid_n * BLOCK_N, k0]).T
-            else:  # B row-major: descriptor over [rows=K, cols=N]
-                b = b_desc.load([b_row0 + k0, pid_n * BLOCK_N])
-            # A K-tail read across a folded batch boundary holds the next batch's values.
-            if MASK_A_K:
-                a = tl.where((k0 + offs_k)[None, :] < K, a, 0.0)
-            if MASK_B_K:
-                b = tl.where((k0 + offs_k)[:, None] < K, b, 0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        acc = _tma_k_loop(a_desc, b_desc, acc, pid_b * a_desc_rows, pid_b * b_desc_rows, pid_m, pid_n,
+                          k_first, k_last, K, BLOCK_M, BLOCK_N, BLOCK_K, A_K_MAJOR, B_K_MAJOR,
+                          MASK_A_K, MASK_B_K, DOT_PRECISION)
     else:
         # Rows past M / columns past N wrap around: always in bounds, never stored.
         rm = offs_m % M

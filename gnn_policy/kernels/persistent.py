@@ -26,32 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gnn_policy.kernels.matmul import _finish, _tile_coords
-
-
-@triton.jit
-def _k_loop(a_desc, b_desc, acc, a_row0, b_row0, pid_m, pid_n, k_first, k_last, K,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
-            MASK_B_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    offs_k = tl.arange(0, BLOCK_K)
-    for kt in range(k_first, k_last):
-        k0 = kt * BLOCK_K
-        if A_K_MAJOR:
-            a = a_desc.load([a_row0 + pid_m * BLOCK_M, k0])
-        else:
-            a = a_desc.load([a_row0 + k0, pid_m * BLOCK_M]).T
-        if B_K_MAJOR:
-            b = b_desc.load([b_row0 + pid_n * BLOCK_N, k0]).T
-        else:
-            b = b_desc.load([b_row0 + k0, pid_n * BLOCK_N])
-        # A K tail read across a folded batch boundary holds the next batch's values.
-        if MASK_A_K:
-            a = tl.where((k0 + offs_k)[None, :] < K, a, 0.0)
-        if MASK_B_K:
-            b = tl.where((k0 + offs_k)[:, None] < K, b, 0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    return acc
+from gnn_policy.kernels.matmul import _finish, _tile_coords, _tma_k_loop
 
 
 @triton.jit(do_not_specialize=["num_programs"])
@@ -83,7 +58,7 @@ def persistent_kernel(
         k_first = pid_k * tiles_per_split
         k_last = min(k_first + tiles_per_split, k_tiles)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _k_loop(a_desc, b_desc, acc, pid_b * a_desc_rows, pid_b * b_desc_rows, pid_m, pid_n,
+        acc = _tma_k_loop(a_desc, b_desc, acc, pid_b * a_desc_rows, pid_b * b_desc_rows, pid_m, pid_n,
                       k_first, k_last, K, BLOCK_M, BLOCK_N, BLOCK_K, A_K_MAJOR, B_K_MAJOR,
                       MASK_A_K, MASK_B_K, DOT_PRECISION)
         c_base = c_ptr + pid_b * stride_cb
