@@ -70,9 +70,9 @@ def _epilogue(acc, pid_m, pid_n, M, N, c_ptr, c_desc, c_row0, stride_cm, stride_
 
 @triton.jit
 def _tma_k_loop(a_desc, b_desc, acc, a_row0, b_row0, pid_m, pid_n, k_first, k_last, K,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
-            MASK_B_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
+                MASK_B_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc + the TMA-loaded A and B tiles of K tiles [k_first, k_last) of one output tile."""
     offs_k = tl.arange(0, BLOCK_K)
     for kt in range(k_first, k_last):
