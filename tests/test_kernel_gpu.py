@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 import hardware_specs  # noqa: E402
 from graphs import GemmProblem  # noqa: E402
 from gnn_policy import InvalidConfigError, TileConfig, matmul, space, violations  # noqa: E402
+from gnn_policy.space import tma_fits  # noqa: E402
 from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error  # noqa: E402
 from gnn_policy.measure.compile import precompile  # noqa: E402
 from gnn_policy.measure.inputs import TORCH_DTYPES, make_inputs  # noqa: E402
@@ -48,8 +49,11 @@ def _random_cases(n: int, gpu, variant: str | None = None, seed: int = 1234) -> 
     cases = []
     for i in range(n):
         problem = _random_problem(rng)
-        # a variant's rules reject most of the space: three cases in four draw valid configs
+        # a variant's rules reject most of the space: three cases in four draw valid configs, and
+        # (the variants load by TMA) a problem whose strides TMA can read; the fourth keeps odd sizes
         pool = full if (i % 2 if variant is None else i % 4 == 3) else valid[problem.dtype]
+        while variant is not None and pool is not full and not tma_fits(problem):
+            problem = _random_problem(rng)
         config = rng.choice(pool)
         for _ in range(20):  # prefer a config whose SPLIT_K fits this K
             if pool is full or not violations(config, gpu, problem.dtype, problem.k):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import sys
 import time
 from collections import defaultdict
 
@@ -125,7 +126,9 @@ class _Run:
         from gnn_policy.search import Measurer
 
         self.db, self.gpu, self.args, self.counts = db, gpu, args, counts
-        self.deadline = time.monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
+        self.started = time.monotonic()
+        self.deadline = self.started + args.time_limit * 60 if args.time_limit else float("inf")
+        self.stage = "cublas"
         real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
         self.compiler = CompilePool(timeout_s=40.0) if real else None  # an aborted compile is overdue after 110 s
         self.pool = WorkerPool(args.runner, gpu=gpu.name, timeout_s=120.0, replays=10)
@@ -139,21 +142,32 @@ class _Run:
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
 
-    def many(self, jobs: list[tuple[GemmProblem, list[TileConfig]]], chunk: int = 4) -> None:
-        """Measure in chunks of a few problems, so a deadline stops between chunks."""
-        for i in range(0, len(jobs), chunk):
+    def many(self, jobs: list[tuple[GemmProblem, list[TileConfig]]], per_chunk: int = 300) -> None:
+        """Measure in chunks of about `per_chunk` configs, so a deadline stops between chunks and
+        a progress line comes after each."""
+        i = 0
+        while i < len(jobs):
             if self.out_of_time():
                 return
-            self.measure.many(jobs[i:i + chunk])
+            j, size = i, 0
+            while j < len(jobs) and (j == i or size + len(jobs[j][1]) <= per_chunk):
+                size += len(jobs[j][1])
+                j += 1
+            self.measure.many(jobs[i:j])
+            i = j
+            print(f"[{time.monotonic() - self.started:6.0f} s] {self.stage}: {i}/{len(jobs)} jobs, "
+                  f"{self.counts['measured']} rows", file=sys.stderr, flush=True)
 
     def cublas(self, plist: list[GemmProblem]) -> None:
         for p in plist:
             if (p.key, "cublas") not in self.db.measured(self.gpu.name, problem=p.key) and not self.out_of_time():
                 self.counts["measured"] += self.db.add([(m, p, None) for m in self.pool.run(p, [None])])
+        print(f"[{time.monotonic() - self.started:6.0f} s] cublas: {len(plist)} shapes", file=sys.stderr, flush=True)
 
     def sweep(self, plist: list[GemmProblem], variants: tuple[str, ...]) -> None:
         jobs = [(p, sweep_configs(p, v, self.args.configs, self.gpu, self.args.seed))
                 for v in variants for p in plist]
+        self.stage = "sweep"
         self.many([(p, cs) for p, cs in jobs if cs])
 
     def refine(self, plist: list[GemmProblem], variants: tuple[str, ...]) -> None:
@@ -172,6 +186,7 @@ class _Run:
             if not jobs or self.out_of_time():
                 return
             before = {p.key: self.db.tflops(self.gpu.name, p.key) for p, _ in jobs}
+            self.stage = f"refine round {self.counts['refine_rounds'] + 1}"
             self.many(jobs)
             self.counts["refine_rounds"] += 1
             if not any(best_by_variant(self.db.tflops(self.gpu.name, p.key)) != best_by_variant(before[p.key])
@@ -179,6 +194,7 @@ class _Run:
                 return  # no (shape, variant) found a better config this round
 
     def confirm(self, plist: list[GemmProblem]) -> None:
+        self.stage = "confirm"
         from gnn_policy.confirm import schedule
         from gnn_policy.measure.result import Retime
         from gnn_policy.snapshot import run_stamp
@@ -200,11 +216,13 @@ class _Run:
             rows = [(Retime(self.gpu.name, p.key, key, run_id, rnd, m.status, m.median_ms, m.sm_mhz, m.versions), p, c)
                     for m, (rnd, key), c in zip(self.pool.run(p, configs), sched, configs)]
             self.counts["retimed"] += self.db.add_retimes(rows)
+            print(f"[{time.monotonic() - self.started:6.0f} s] confirm: {p.key}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> dict:
     import hardware_specs
     from gnn_policy.database import Database
+    from gnn_policy.interrupts import terminate_as_interrupt
     from gnn_policy.snapshot import export_run
 
     gpu = hardware_specs.resolve(args.gpu)
@@ -215,11 +233,15 @@ def run(args: argparse.Namespace) -> dict:
     with Database(args.db) as db:
         since = db.high_water()
         job = _Run(db, gpu, args, counts)
+        # a `timeout` or `kill` (SIGTERM) still exports what was measured: the finally runs
         try:
-            job.cublas(plist)
-            job.sweep(plist, variants)
-            job.refine(plist, variants)
-            job.confirm(plist)
+            with terminate_as_interrupt():
+                job.cublas(plist)
+                job.sweep(plist, variants)
+                job.refine(plist, variants)
+                job.confirm(plist)
+        except KeyboardInterrupt:
+            counts["interrupted"] = 1
         finally:
             job.close()
             if args.shard_dir:
