@@ -18,8 +18,10 @@ Anywhere, from the database or the shipped shards: add `--report` (with `--markd
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import math
 import random
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -236,6 +238,8 @@ def run(args: argparse.Namespace) -> dict:
         # a `timeout` or `kill` (SIGTERM) still exports what was measured: the finally runs
         try:
             with terminate_as_interrupt():
+                # where a killed run stood, for the log (a stalled call once returned no line at all)
+                faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
                 job.cublas(plist)
                 job.sweep(plist, variants)
                 job.refine(plist, variants)
@@ -245,9 +249,8 @@ def run(args: argparse.Namespace) -> dict:
         finally:
             job.close()
             if args.shard_dir:
+                # one shard holds the run's measurements and its re-timings
                 counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "ceiling", since)
-                counts["retime_shard_rows"] = export_run(db, args.shard_dir, gpu.name, "retime", since,
-                                                         "ceiling")
     counts["wall_s"] = round(time.monotonic() - start, 1)
     counts["done"] = not job.out_of_time()
     return dict(counts)
