@@ -239,11 +239,14 @@ def run(args: argparse.Namespace) -> dict:
         try:
             with terminate_as_interrupt():
                 # where a killed run stood, for the log (a stalled call once returned no line at all)
-                faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
-                job.cublas(plist)
-                job.sweep(plist, variants)
-                job.refine(plist, variants)
-                job.confirm(plist)
+                faulthandler.register(signal.SIGTERM, file=sys.__stderr__, all_threads=True, chain=True)
+                try:
+                    job.cublas(plist)
+                    job.sweep(plist, variants)
+                    job.refine(plist, variants)
+                    job.confirm(plist)
+                finally:
+                    faulthandler.unregister(signal.SIGTERM)
         except KeyboardInterrupt:
             counts["interrupted"] = 1
         finally:
@@ -252,7 +255,7 @@ def run(args: argparse.Namespace) -> dict:
                 # one shard holds the run's measurements and its re-timings
                 counts["shard_rows"] = export_run(db, args.shard_dir, gpu.name, "ceiling", since)
     counts["wall_s"] = round(time.monotonic() - start, 1)
-    counts["done"] = not job.out_of_time()
+    counts["done"] = not job.out_of_time() and not counts["interrupted"]
     return dict(counts)
 
 
