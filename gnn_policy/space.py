@@ -187,6 +187,12 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
         if config.split_k > 1:
             out.append(Violation("warpspec", "warp specialisation runs SPLIT_K=1 only; the persistent "
                                  "and tma variants split K"))
+        # Compiled for sm_90 on the CPU (2026-12-05): of 64 fp32 cases of the GPU test, 33
+        # failed in Triton's ConvertNVGPUToLLVM pass (every layout but K-major A and B, and
+        # some of those); all 154 fp16 / bf16 cases compiled.
+        if dtype == "fp32":
+            out.append(Violation("warpspec", "warp specialisation runs fp16 and bf16 only; Triton 3.6 "
+                                 "does not compile most fp32 warp-specialised dots"))
     if config.variant in PERSISTENT_VARIANTS:
         pipeline = config.smem_bytes(dtype)
         tile = config.block_m * config.block_n

@@ -112,6 +112,19 @@ def test_tma_needs_hopper_and_dtype_support():
     assert _rules(TileConfig(64, 64, 64), dtype="fp8") == {"dtype"}
 
 
+def test_warpspec_rules_from_compiling_for_sm90():
+    ok = TileConfig(128, 128, 64, num_warps=4, num_stages=3, variant="warpspec")
+    assert not _rules(ok) and not _rules(ok, dtype="fp16")
+    assert _rules(ok, dtype="fp32") == {"warpspec"}  # Triton 3.6 fails to compile most fp32 dots
+    for bad in (TileConfig(128, 128, 64, num_warps=8, variant="warpspec"),
+                TileConfig(32, 128, 64, num_warps=4, variant="warpspec"),
+                TileConfig(64, 256, 64, num_warps=4, num_stages=2, variant="warpspec"),
+                TileConfig(128, 128, 64, split_k=2, num_warps=4, variant="warpspec")):
+        assert "warpspec" in _rules(bad), bad.key
+    # the same tiles are fine for the unspecialised persistent loop
+    assert not _rules(TileConfig(128, 64, 32, num_warps=4, num_stages=3, variant="persistent"), dtype="fp32")
+
+
 def test_valid_counts_and_messages():
     assert 10_000 < len(space("full").valid(H200, "bf16")) < len(space("full"))
     message = str(violations(TileConfig(256, 256, 256, num_warps=8, num_stages=6), H200, "bf16")[0])
