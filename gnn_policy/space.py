@@ -190,6 +190,13 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
         # Compiled for sm_90 on the CPU (2026-12-05): of 64 fp32 cases of the GPU test, 33
         # failed in Triton's ConvertNVGPUToLLVM pass (every layout but K-major A and B, and
         # some of those); all 154 fp16 / bf16 cases compiled.
+        # A precaution, not a measurement: the GPU test's warpspec cases ran past their limit
+        # twice without a result, and one-stage warp-specialised loops hung in Triton's
+        # earlier Hopper warp specialisation (triton-lang/triton#2868). Lift it once a GPU
+        # run of one-stage cases in a subprocess with a timeout shows they finish.
+        if config.num_stages < 2:
+            out.append(Violation("warpspec", "warp specialisation needs num_stages >= 2 (a producer "
+                                 "and its consumers share at least two buffers)"))
         if dtype == "fp32":
             out.append(Violation("warpspec", "warp specialisation runs fp16 and bf16 only; Triton 3.6 "
                                  "does not compile most fp32 warp-specialised dots"))

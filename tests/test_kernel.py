@@ -36,7 +36,7 @@ CASES = [
     (P(70, 50, 72, batch=2, dtype="fp16", b_layout="col", bias=True, activation="silu"),
      T(32, 16, 16, 2, 4, 4, 2, "persistent")),
     (P(65, 40, 64, dtype="fp16", b_layout="col", residual=True), T(64, 32, 32, 1, 8, 4, 3, "warpspec")),
-    (P(33, 48, 104, batch=3, dtype="fp16", activation="gelu"), T(64, 16, 32, 1, 1, 4, 1, "warpspec")),
+    (P(33, 48, 104, batch=3, dtype="fp16", activation="gelu"), T(64, 16, 32, 1, 1, 4, 2, "warpspec")),
 ]
 
 

@@ -119,7 +119,8 @@ def test_warpspec_rules_from_compiling_for_sm90():
     for bad in (TileConfig(128, 128, 64, num_warps=8, variant="warpspec"),
                 TileConfig(32, 128, 64, num_warps=4, variant="warpspec"),
                 TileConfig(64, 256, 64, num_warps=4, num_stages=2, variant="warpspec"),
-                TileConfig(128, 128, 64, split_k=2, num_warps=4, variant="warpspec")):
+                TileConfig(128, 128, 64, split_k=2, num_warps=4, variant="warpspec"),
+                TileConfig(128, 128, 64, num_warps=4, num_stages=1, variant="warpspec")):
         assert "warpspec" in _rules(bad), bad.key
     # the same tiles are fine for the unspecialised persistent loop
     assert not _rules(TileConfig(128, 64, 32, num_warps=4, num_stages=3, variant="persistent"), dtype="fp32")
