@@ -3,7 +3,7 @@
 Every case must be either correct against a float64 reference or rejected before launch
 with `InvalidConfigError`; a wrong result, an unwritten element or a load-time failure such
 as Triton's OutOfResources fails the test. Set GNN_POLICY_GPU_REPORT to a path to get a JSON
-record of what ran.
+record of what ran, and beside it `<path>.progress.jsonl`, one line per case as it starts.
 """
 from __future__ import annotations
 
@@ -85,11 +85,18 @@ def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None
     gpu = hardware_specs.detect()
     precompile([(p, [c]) for p, c in cases if not violations(c, gpu, p.dtype, p.k)], progress=False)
     record, failures = [], []
+    # a kernel that never returns cannot be interrupted in-process: the progress file names the
+    # case that was running when an outer `timeout` killed the run
+    progress = open(report + ".progress.jsonl", "w") if report else None
     for i, (problem, config) in enumerate(cases):
         args = make_inputs(problem, "cuda", seed=i)
         entry = {"problem": problem.key, "config": config.key}
+        if progress:
+            progress.write(json.dumps(dict(entry, case=i)) + "\n")
+            progress.flush()
         try:
             out = matmul(**args, config=config)
+            torch.cuda.synchronize()
         except InvalidConfigError as exc:
             entry.update(outcome="rejected", rules=[v.rule for v in exc.violations])
             record.append(entry)
@@ -105,6 +112,8 @@ def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None
         record.append(entry)
         if not ok:
             failures.append(entry)
+    if progress:
+        progress.close()
     if report:
         with open(report, "w") as f:
             json.dump(record, f, indent=1)
