@@ -25,7 +25,7 @@ from gnn_policy.measure.workers import WorkerPool
 from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.policy import save_checkpoint
 from gnn_policy.search import Measurer
-from training import adaptation, transfer
+from training import adaptation, transfer_picks
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), FAKE_RUNNER_PAUSE="0.03")
@@ -193,7 +193,7 @@ def test_transfer(measured, monkeypatch, capsys, tmp_path):
             "--budgets", "0", "--problems", "2", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"),
             "--no-wandb"]
     capsys.readouterr()
-    _interrupt_at(monkeypatch, transfer, "_picks", 2)
+    _interrupt_at(monkeypatch, transfer_picks, "method_picks", 2)
     assert main(argv) == 130
     line = _one_line(capsys.readouterr().err)
     assert "interrupted: 1 runs finished this call, kept in" in line and "run the same command" in line

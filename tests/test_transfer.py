@@ -218,7 +218,7 @@ def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_setting
     assert len(reread.runs) == 14 and reread.damaged == 1  # the cut line stays alone on its line
 
     # the fine-tune's losses changed: again only the fine-tunes run
-    monkeypatch.setattr("training.transfer.ADAPT_VERSION", 99)
+    monkeypatch.setattr("training.transfer_picks.ADAPT_VERSION", 99)
     assert run(_args(tmp_path))["runs"] == 3
     assert len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 2  # beside lr=1e-2's, not over it
 

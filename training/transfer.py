@@ -24,16 +24,18 @@ transfer.png (transfer.partial.* while --time-limit leaves runs undone), and one
 run per (method, budget, seed): job_type `transfer`, group
 `transfer-<target>`, tags method= budget= seed=, keys transfer/top1 and transfer/top8 and a
 wandb.Table. Resumable: each finished run's picks (config keys) go to runs.jsonl in --out, which
-a re-run reuses on any machine while the run's inputs are unchanged (`_settings`); the picks are
-valued from --db when the report is made, so the shards they were measured into must come
-along. An unfinished fine-tune resumes from its state in --work; stored measurements are not
-taken again.
+a re-run reuses on any machine while the run's inputs are unchanged (`transfer_picks.run_settings`);
+the picks are valued from --db when the report is made, so the shards they were measured into
+must come along. An unfinished fine-tune resumes from its state in --work; stored measurements
+are not taken again.
+
+This module runs the experiment and values the picks; `training.transfer_picks` makes each
+method's picks, `training.transfer_report` writes the report and the W&B runs.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import random
 from collections import defaultdict
 from pathlib import Path
 from time import monotonic
@@ -43,19 +45,20 @@ from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
 from gnn_policy.interrupts import on_interrupt
 from gnn_policy.measure.workers import runner_path
-from training.finetune import ADAPT_VERSION, PER_PROBLEM, FinetuneArgs
+from training import transfer_picks
+from training.finetune import PER_PROBLEM, FinetuneArgs
 from training.transfer_log import TransferLog, file_digest, fingerprint
+from training.transfer_picks import POLICIES, SEARCHES, SPEC_ONLY
+from training.transfer_report import log_wandb, measurements_to_reach, write_report
+
+# the names the CLI and the tests import from here, wherever they live
+__all__ = ["TransferArgs", "TransferError", "check_held_out", "measurements_to_reach", "run", "with_folders"]
 
 FLOOR = 0.01
 PARTIAL = "transfer.partial"  # the report of a time-limited call's finished runs, removed once all are done
-PICKS_VERSION = 1  # raise when the code that makes picks changes (top_k's rule, searches, named lists)
 RUN_LOG = "runs.jsonl"  # in --out: finished runs' picks, what a re-run on a fresh machine reuses
 EXPORTED = "transfer:exported"  # database meta: high water of transfer's last shard export
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
-POLICIES = ("meta", "plain", "scratch")
-SEARCHES = ("random", "evolutionary")
-SPEC_ONLY = ("analytic", "triton_tutorial", "inductor_mm")
-LISTS = SPEC_ONLY[1:]  # the named config lists, timed in full
 
 
 class TransferError(RuntimeError):
@@ -217,16 +220,16 @@ def run(args: TransferArgs) -> dict:
         left, counts["runs"] = 0, 0
         digests = {name: file_digest(getattr(args, name)) for name in ("meta", "plain", "analytic")}
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
-            tune = _finetune_settings(args, method, spec.name, source, space_, digests) \
+            tune = transfer_picks.finetune_settings(args, method, spec.name, source, space_, digests) \
                 if method in POLICIES and budget else {}
-            settings = _settings(args, method, spec.name, source, problems, space_, digests, tune)
+            settings = transfer_picks.run_settings(args, method, spec.name, source, problems, space_, digests, tune)
             picks, kept = log.get(settings, method, budget, seed), log.kept(settings, method, budget, seed)
             if picks is None:
                 if counts["runs"] and monotonic() > deadline:  # the first new run always goes; reused ones are free
                     left += 1
                     continue
-                picks, kept = _picks(args, method, budget, seed, spec, problems, measure, analytic, space_,
-                                     fingerprint(tune), digests["plain"])
+                picks, kept = transfer_picks.method_picks(args, method, budget, seed, spec, problems, measure,
+                                                          analytic, space_, fingerprint(tune), digests["plain"])
                 if exporting:  # after every run: a killed call loses at most the run in flight
                     counts["shard_rows"] += _export(db, args, spec.name, f"{run_stamp()}-{method}-B{budget}-s{seed}")
                     db.set_meta(EXPORTED, json.dumps(db.high_water()))
@@ -259,7 +262,7 @@ def run(args: TransferArgs) -> dict:
         stale.unlink()
     report = write_report(rows, budgets, out, spec.name, source)
     if args.wandb:
-        _log_wandb(args, rows, spec.name)
+        log_wandb(args, rows, spec.name)
     return {"target": spec.name, "problems": len(problems), **counts, "report": report}
 
 
@@ -274,35 +277,6 @@ def _export(db, args: TransferArgs, target: str, stamp: str) -> int:
     except OSError as exc:
         raise snapshot.ExportError(f"could not write a shard to {args.shard_dir} ({exc.strerror or exc}); the rows "
                                    f"stay in {db.path}, and the next run with --shard-dir exports them") from None
-
-
-def _settings(args: TransferArgs, method: str, target: str, source: str, problems, space_,
-              digests: dict[str, str], tune: dict) -> str:
-    """A fingerprint of what this run's picks depend on beyond (method, budget, seed): a fine-tune's
-    `_finetune_settings` (`tune`, empty for the rest), a checkpoint's or the analytic model's bytes
-    only where used."""
-    settings = {"version": PICKS_VERSION, "target": target, "split": args.split, "source": source,
-                "problems": [p.key for p in problems], "runner": args.runner, "timeout": args.timeout,
-                "space": [space_.name, space_.knobs]}
-    if method in POLICIES:
-        settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch: plain's architecture
-        settings.update(tune)
-    elif method == "analytic":
-        settings["analytic"] = digests["analytic"]
-    return fingerprint(settings)
-
-
-def _finetune_settings(args: TransferArgs, method: str, target: str, source: str, space_,
-                       digests: dict[str, str]) -> dict:
-    """What a fine-tune's weights depend on: not the evaluation's split or problems, so another
-    evaluation reuses a finished fine-tune. Its keys agree with `_settings`' where both have them."""
-    out = {"version": PICKS_VERSION, "target": target, "source": source, "runner": args.runner,
-           "timeout": args.timeout, "space": [space_.name, space_.knobs],
-           "checkpoint": digests["meta" if method == "meta" else "plain"], "tune_problems": args.tune_problems,
-           "rounds": args.rounds, "steps": args.steps, "lr": args.lr, "adapt": ADAPT_VERSION}
-    if args.simulate:  # the fine-tune's labels come from the analytic model
-        out["analytic"] = digests["analytic"]
-    return out
 
 
 def _evaluation_db(args: TransferArgs) -> Path:
@@ -329,86 +303,6 @@ def _best_known(db, spec, problem, source: str, analytic, space_) -> float:
     return max(v for k, v in db.tflops(spec.name, problem.key).items() if k != "cublas")
 
 
-def _picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
-           analytic, space_, tune: str, plain_digest: str) -> tuple[dict[str, list], str | None]:
-    """Problem key -> config keys of the method's picks (top-1 first; a search's or a list's best
-    found alone, None if nothing worked), and for a fine-tune which weights its guard kept.
-    Every problem is searched at once, so each step's configs compile together."""
-    from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
-    from gnn_policy.space import NAMED_LISTS
-
-    policy, kept = _adapted(args, method, budget, seed, spec, tune, plain_digest) if method in POLICIES else (None, None)
-    searches = []
-    for p in problems:
-        rng = random.Random(f"{seed}:{method}:{p.key}")
-        if policy is not None:
-            searches.append((p, given([pick.config for pick in policy.top_k(p, spec, 8)])))
-            continue
-        valid = valid_configs(space_, spec, p)
-        if method == "analytic":
-            scores = analytic.predict_tflops(p, valid, spec)
-            search = given([valid[i] for i in sorted(range(len(valid)), key=lambda i: -scores[i])[:8]])
-        elif method == "random":
-            search = random_search(valid, budget, rng)
-        elif method == "evolutionary":
-            search = evolutionary_search(valid, space_, budget, rng)
-        else:
-            search = fixed_list(NAMED_LISTS[method], spec, p, len(NAMED_LISTS[method]))
-        searches.append((p, search))
-    out = {}
-    for (p, _), trace in zip(searches, run_searches(searches, measure)):
-        if method in POLICIES or method == "analytic":
-            out[p.key] = [c.key for c, _ in trace]
-        else:
-            found = [(v, c.key) for c, v in trace if v is not None]
-            out[p.key] = [max(found)[1]] if found else [None]
-    return out, kept
-
-
-def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str, plain_digest: str):
-    """The method's policy after fine-tuning on `budget` measurements of the target. Its folder
-    in --work is named by `tune`, the fingerprint of `_finetune_settings`: a fine-tune resumes
-    or is reused under the same ones (another evaluation split or problem count included), and
-    new fine-tune flags, a new checkpoint or a new ADAPT_VERSION start afresh. Also says which
-    weights the fine-tune's guard kept: adapted, start, or unjudged (the start, for want of
-    held-out problems with two measured configs); None at B = 0."""
-    from gnn_policy.policy import Policy
-    from training.finetune import run as finetune
-
-    work = Path(args.work)
-    scratch = work / f"scratch-s{seed}-{plain_digest[:8]}.pt"  # a new --plain, a new architecture
-    start = _scratch(Path(args.plain), scratch, seed) if method == "scratch" else \
-        Path(args.meta if method == "meta" else args.plain)
-    if budget == 0:
-        return Policy.load(start), None
-    name = f"{method}-B{budget}-s{seed}-{tune[:8]}"
-    card = finetune(FinetuneArgs(
-        gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
-        output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
-        steps=args.steps, lr=args.lr, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
-        runner=args.runner,
-        snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
-        tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
-    guard = card["guard"]
-    # a guard that scored nothing fell back for want of evidence, not because the adaptation lost
-    kept = "adapted" if guard is None else guard["kept"] if guard["scored"] else "unjudged"
-    return Policy.load(work / name / card["checkpoint"]), kept
-
-
-def _scratch(plain: Path, path: Path, seed: int) -> Path:
-    """A randomly initialised policy with the plain checkpoint's architecture, saved once per seed."""
-    import torch
-
-    from gnn_policy.model import PolicyModel
-    from gnn_policy.policy import Policy, save_checkpoint
-
-    if not path.exists():
-        config = Policy.load(plain).model.cfg
-        torch.manual_seed(seed)
-        save_checkpoint(PolicyModel(config), path)
-    return path
-
-
 def report_from_csv(args: TransferArgs) -> dict:
     """The report and W&B runs of an earlier transfer run, from its CSV (types restored)."""
     import csv
@@ -422,156 +316,6 @@ def report_from_csv(args: TransferArgs) -> dict:
     budgets = sorted({r["budget"] for r in rows if r["budget"] is not None})
     report = write_report(rows, budgets, Path(args.out), target, rows[0]["source"])
     if args.wandb:
-        _log_wandb(args, rows, target)
+        log_wandb(args, rows, target)
     return {"target": target, "problems": len({r["problem"] for r in rows}), "report": report}
 
-
-def summary(rows: list[dict]) -> dict[tuple[str, int | None], dict[str, float]]:
-    """(method, budget) -> geomean top-1 and top-8 over problems, averaged over seeds."""
-    from gnn_policy.benchmarks.data_report import geomean
-
-    out = {}
-    for key in dict.fromkeys((r["method"], r["budget"]) for r in rows):
-        sel = [r for r in rows if (r["method"], r["budget"]) == key]
-        seeds = sorted({r["seed"] for r in sel})
-        out[key] = {m: sum(geomean([r[m] for r in sel if r["seed"] == s]) for s in seeds) / len(seeds)
-                    for m in ("top1", "top8")}
-    return out
-
-
-def _methods(table: dict) -> list[str]:
-    """The methods present, policies first, then searches, then spec-only baselines."""
-    present = {m for m, _ in table}
-    return [m for m in (*POLICIES, *SEARCHES, *SPEC_ONLY) if m in present]
-
-
-def measurements_to_reach(table: dict, method: str, goal: float, metric: str = "top1") -> int | None:
-    """The smallest budget at which `method` reaches `goal` (None: never within the budgets run)."""
-    reached = sorted(b for (m, b), v in table.items() if m == method and b is not None and v[metric] >= goal)
-    return reached[0] if reached else None
-
-
-def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, source: str,
-                 name: str = "transfer", note: str = "") -> str:
-    """<name>.csv, <name>.md and <name>.png in `out`; `note` heads the markdown."""
-    import csv
-
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / f"{name}.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    table = summary(rows)
-    methods = _methods(table)
-    cell = lambda m, b, k: f"{table[m, b][k]:.3f}" if (m, b) in table else "-"  # noqa: E731
-    lines = [note, ""] if note else []
-    lines += [f"Transfer to {target} ({source} labels), geomean fraction of best known over "
-             f"{len({r['problem'] for r in rows})} {rows[0].get('split', 'test')} problems, top-1 / top-8, by budget B:", "",
-             "| method | " + " | ".join(f"B={b}" for b in budgets) + " | spec only |",
-             "|---|" + "---|" * (len(budgets) + 1)]
-    for m in methods:
-        lines.append(f"| {m} | " + " | ".join(f"{cell(m, b, 'top1')} / {cell(m, b, 'top8')}" for b in budgets)
-                     + f" | {cell(m, None, 'top1')} / {cell(m, None, 'top8')} |")
-    if ("meta", 64) in table and any(m == "scratch" for m, _ in table):
-        goal = table["meta", 64]["top1"]
-        need = measurements_to_reach(table, "scratch", goal)
-        ran = max(b for m, b in table if m == "scratch" and b is not None)  # a partial report lacks the top ones
-        lines += ["", f"meta at B=64 reaches top-1 {goal:.3f}; scratch reaches it at "
-                      + (f"B={need} ({need / 64:.1f}x the measurements)" if need is not None else
-                         f"no budget up to {ran} (more than {ran / 64:.0f}x)")]
-    lines += _guard_lines(rows)
-    lines += ["", *_by_size(rows, table)]
-    text = "\n".join(lines)
-    (out / f"{name}.md").write_text(text + "\n")
-    _plot(table, budgets, out / f"{name}.png", target, source)
-    return text
-
-
-def _guard_lines(rows: list[dict]) -> list[str]:
-    """Which fine-tunes kept their adapted weights and which fell back to the start (`finetune`'s
-    guard): a fallback's picks are its B = 0 picks. Nothing for rows from before the guard."""
-    runs = dict.fromkeys((r["method"], r["budget"], r["seed"], r.get("kept")) for r in rows if r.get("kept"))
-    if not runs:
-        return []
-    seeds = len({seed for _, _, seed, _ in runs}) > 1
-    said = {kept: ", ".join(f"{m} B={b}" + (f" seed {seed}" if seeds else "") for m, b, seed, k in runs if k == kept)
-            or "none" for kept in ("adapted", "start", "unjudged")}
-    return ["", f"Fine-tunes that kept their adapted weights: {said['adapted']}. Fell back to the starting "
-                f"weights because the guard's cross-fit found them no better: {said['start']}; because too few "
-                f"configs were measured to judge them: {said['unjudged']}."]
-
-
-def _by_size(rows: list[dict], table: dict) -> list[str]:
-    """Top-1 by problem size (`SIZE_GROUPS`) at each method's smallest, B = 64 and largest
-    budget, then what each method present spends, since the searches spend their B on every problem."""
-    from gnn_policy.benchmarks.data_report import SIZE_GROUPS
-    from graphs import GemmProblem
-
-    problems = {k: GemmProblem.from_key(k) for k in dict.fromkeys(r["problem"] for r in rows)}
-    groups = {g: {k for k, p in problems.items() if holds(p)} for g, holds in SIZE_GROUPS.items()}
-    lines = ["Top-1 by problem size (geomean; problems in brackets):", "",
-             "| method | B | " + " | ".join(f"{g} ({len(ks)})" for g, ks in groups.items()) + " |",
-             "|---|---|" + "---|" * len(groups)]
-    methods = _methods(table)
-    for m in methods:
-        spent = sorted(b for k, b in table if k == m and b is not None)
-        for b in dict.fromkeys([spent[0], *(b for b in spent if b == 64), spent[-1]] if spent else [None]):
-            cells = []
-            for ks in groups.values():
-                sel = [r for r in rows if (r["method"], r["budget"]) == (m, b) and r["problem"] in ks]
-                cells.append(f"{summary(sel)[m, b]['top1']:.3f}" if sel else "-")
-            lines.append(f"| {m} | {'spec only' if b is None else b} | " + " | ".join(cells) + " |")
-    n, present = len(problems), lambda group: ", ".join(m for m in group if m in methods)
-    spend = [f"{present(POLICIES)} spend B in all; their top-8 costs 8 a problem" if present(POLICIES) else "",
-             f"{present(SEARCHES)} spend B on each of the {n} problems ({n} x B in all)" if present(SEARCHES) else "",
-             f"{present(LISTS)} time their whole list on each problem" if present(LISTS) else ""]
-    return lines + ["", "Measurements on the target: " + "; ".join(c for c in spend if c) + "."]
-
-
-def _plot(table: dict, budgets: list[int], path: Path, target: str, source: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, metric in zip(axes, ("top1", "top8")):
-        for i, method in enumerate(_methods(table)):
-            points = [(b, table[method, b][metric]) for b in budgets if (method, b) in table]
-            color = f"C{i}"
-            if (method, None) in table:
-                ax.axhline(table[method, None][metric], ls="--", color=color, lw=1, label=method)
-            elif points:
-                ax.plot(*zip(*points), marker="o", color=color, label=method, lw=2.2 if method == "meta" else 1.3)
-        ax.set_xscale("symlog", base=2, linthresh=16)  # B = 0 belongs on the axis
-        ax.set_xticks(budgets, [str(b) for b in budgets])
-        ax.minorticks_off()
-        ax.set(xlabel="measurements on the target (B)", title=f"{metric}, {target} ({source})")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("fraction of best known (geomean)")
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _log_wandb(args: TransferArgs, rows: list[dict], target: str) -> None:
-    import wandb
-
-    from gnn_policy.benchmarks.data_report import geomean
-    from training.tracking import wandb_run
-
-    for method, budget in dict.fromkeys((r["method"], r["budget"]) for r in rows):
-        for seed in sorted({r["seed"] for r in rows}):
-            sel = [r for r in rows if (r["method"], r["budget"], r["seed"]) == (method, budget, seed)]
-            if not sel:
-                continue
-            run = wandb_run(Path(args.work) / "wandb", job_type="transfer", group=f"transfer-{target}",
-                            tags=[f"method={method}", f"budget={budget}", f"seed={seed}"],
-                            config={**dataclasses.asdict(args), "method": method, "budget": budget, "seed": seed},
-                            run_id=f"transfer-{target}-{method}-B{budget}-s{seed}".replace("/", "_"))
-            run.log({"transfer/budget": -1 if budget is None else budget,
-                     "transfer/top1": geomean([r["top1"] for r in sel]),
-                     "transfer/top8": geomean([r["top8"] for r in sel]),
-                     "transfer/problems": wandb.Table(columns=list(sel[0]), data=[list(r.values()) for r in sel])})
-            run.finish()

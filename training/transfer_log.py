@@ -2,8 +2,8 @@
 JSON-lines file beside its report, so a re-run on another machine (a fresh GPU lease, with an
 empty --work) goes on from the runs already done instead of fine-tuning them again.
 
-Each line carries a fingerprint of what its picks depend on (see `transfer._settings`); a run
-is reused only under the same fingerprint. Lines of other settings stay in the file, unused.
+Each line carries a fingerprint of what its picks depend on (see `transfer_picks.run_settings`);
+a run is reused only under the same fingerprint. Lines of other settings stay in the file, unused.
 """
 from __future__ import annotations
 

@@ -1,0 +1,130 @@
+"""What each method of `gnn-policy transfer` picks on the target: a policy's top 8 after its
+fine-tune (`training.finetune`), a search's best found, the analytic model's ranking or a named
+list's best; and the fingerprints that say when a finished run or fine-tune may be reused.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from training.finetune import ADAPT_VERSION, FinetuneArgs
+from training.transfer_log import fingerprint
+
+if TYPE_CHECKING:  # the experiment's flags live in its entry module, which imports this one
+    from training.transfer import TransferArgs
+
+PICKS_VERSION = 1  # raise when the code that makes picks changes (top_k's rule, searches, named lists)
+POLICIES = ("meta", "plain", "scratch")
+SEARCHES = ("random", "evolutionary")
+SPEC_ONLY = ("analytic", "triton_tutorial", "inductor_mm")
+LISTS = SPEC_ONLY[1:]  # the named config lists, timed in full
+
+
+def run_settings(args: TransferArgs, method: str, target: str, source: str, problems, space_,
+                 digests: dict[str, str], tune: dict) -> str:
+    """A fingerprint of what this run's picks depend on beyond (method, budget, seed): a fine-tune's
+    `finetune_settings` (`tune`, empty for the rest), a checkpoint's or the analytic model's bytes
+    only where used."""
+    settings = {"version": PICKS_VERSION, "target": target, "split": args.split, "source": source,
+                "problems": [p.key for p in problems], "runner": args.runner, "timeout": args.timeout,
+                "space": [space_.name, space_.knobs]}
+    if method in POLICIES:
+        settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch: plain's architecture
+        settings.update(tune)
+    elif method == "analytic":
+        settings["analytic"] = digests["analytic"]
+    return fingerprint(settings)
+
+
+def finetune_settings(args: TransferArgs, method: str, target: str, source: str, space_,
+                      digests: dict[str, str]) -> dict:
+    """What a fine-tune's weights depend on: not the evaluation's split or problems, so another
+    evaluation reuses a finished fine-tune. Its keys agree with `run_settings`' where both have them."""
+    out = {"version": PICKS_VERSION, "target": target, "source": source, "runner": args.runner,
+           "timeout": args.timeout, "space": [space_.name, space_.knobs],
+           "checkpoint": digests["meta" if method == "meta" else "plain"], "tune_problems": args.tune_problems,
+           "rounds": args.rounds, "steps": args.steps, "lr": args.lr, "adapt": ADAPT_VERSION}
+    if args.simulate:  # the fine-tune's labels come from the analytic model
+        out["analytic"] = digests["analytic"]
+    return out
+
+
+def method_picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
+                 analytic, space_, tune: str, plain_digest: str) -> tuple[dict[str, list], str | None]:
+    """Problem key -> config keys of the method's picks (top-1 first; a search's or a list's best
+    found alone, None if nothing worked), and for a fine-tune which weights its guard kept.
+    Every problem is searched at once, so each step's configs compile together."""
+    from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
+    from gnn_policy.space import NAMED_LISTS
+
+    policy, kept = _adapted(args, method, budget, seed, spec, tune, plain_digest) if method in POLICIES else (None, None)
+    searches = []
+    for p in problems:
+        rng = random.Random(f"{seed}:{method}:{p.key}")
+        if policy is not None:
+            searches.append((p, given([pick.config for pick in policy.top_k(p, spec, 8)])))
+            continue
+        valid = valid_configs(space_, spec, p)
+        if method == "analytic":
+            scores = analytic.predict_tflops(p, valid, spec)
+            search = given([valid[i] for i in sorted(range(len(valid)), key=lambda i: -scores[i])[:8]])
+        elif method == "random":
+            search = random_search(valid, budget, rng)
+        elif method == "evolutionary":
+            search = evolutionary_search(valid, space_, budget, rng)
+        else:
+            search = fixed_list(NAMED_LISTS[method], spec, p, len(NAMED_LISTS[method]))
+        searches.append((p, search))
+    out = {}
+    for (p, _), trace in zip(searches, run_searches(searches, measure)):
+        if method in POLICIES or method == "analytic":
+            out[p.key] = [c.key for c, _ in trace]
+        else:
+            found = [(v, c.key) for c, v in trace if v is not None]
+            out[p.key] = [max(found)[1]] if found else [None]
+    return out, kept
+
+
+def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str, plain_digest: str):
+    """The method's policy after fine-tuning on `budget` measurements of the target. Its folder
+    in --work is named by `tune`, the fingerprint of `finetune_settings`: a fine-tune resumes
+    or is reused under the same ones (another evaluation split or problem count included), and
+    new fine-tune flags, a new checkpoint or a new ADAPT_VERSION start afresh. Also says which
+    weights the fine-tune's guard kept: adapted, start, or unjudged (the start, for want of
+    held-out problems with two measured configs); None at B = 0."""
+    from gnn_policy.policy import Policy
+    from training.finetune import run as finetune
+
+    work = Path(args.work)
+    scratch = work / f"scratch-s{seed}-{plain_digest[:8]}.pt"  # a new --plain, a new architecture
+    start = _scratch(Path(args.plain), scratch, seed) if method == "scratch" else \
+        Path(args.meta if method == "meta" else args.plain)
+    if budget == 0:
+        return Policy.load(start), None
+    name = f"{method}-B{budget}-s{seed}-{tune[:8]}"
+    card = finetune(FinetuneArgs(
+        gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
+        output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
+        steps=args.steps, lr=args.lr, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
+        runner=args.runner,
+        snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
+        tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
+    guard = card["guard"]
+    # a guard that scored nothing fell back for want of evidence, not because the adaptation lost
+    kept = "adapted" if guard is None else guard["kept"] if guard["scored"] else "unjudged"
+    return Policy.load(work / name / card["checkpoint"]), kept
+
+
+def _scratch(plain: Path, path: Path, seed: int) -> Path:
+    """A randomly initialised policy with the plain checkpoint's architecture, saved once per seed."""
+    import torch
+
+    from gnn_policy.model import PolicyModel
+    from gnn_policy.policy import Policy, save_checkpoint
+
+    if not path.exists():
+        config = Policy.load(plain).model.cfg
+        torch.manual_seed(seed)
+        save_checkpoint(PolicyModel(config), path)
+    return path
