@@ -37,12 +37,12 @@ def objective(model: PolicyModel, batch: Collated | None, demos: Collated | None
     if batch is not None:
         h = model.encode(batch.graphs, batch.spec, batch.gpu_index)
         logp = model.log_prob(h, batch.configs, batch.masks)
-        target = listwise_target(batch.log_tflops, batch.valid, weights.temperature)
+        target = listwise_target(batch.log_tflops, batch.valid, weights.temperature, batch.weights)
         policy = listwise_loss(logp, target, batch.valid)
         failed = failure_loss(model.log_prob(h, batch.failed, batch.masks), batch.failed_valid)
         pred = model.cost(h, batch.configs, batch.dims)
-        rank = ranking_loss(pred, batch.log_tflops, batch.valid)
-        reg = regression_loss(pred, batch.log_tflops, batch.valid)
+        rank = ranking_loss(pred, batch.log_tflops, batch.valid, batch.weights)
+        reg = regression_loss(pred, batch.log_tflops, batch.valid, batch.weights)
         parts.append(policy + weights.failure * failed + weights.cost * (rank + weights.regression * reg))
         metrics.update(policy=policy, failed=failed, rank=rank, regression=reg,
                        top1_measured=top1_fraction(logp, batch.log_tflops, batch.valid),
