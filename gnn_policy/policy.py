@@ -69,14 +69,15 @@ def diversity_group(config: TileConfig) -> tuple:
     return config.variant, config.split_k, config.block_m, config.block_n
 
 
-def diverse_order(configs: Sequence[TileConfig], k: int) -> list[int]:
-    """Indices of the first k of `configs` (listed best first) to try: the best of each
-    `diversity_group` in order, then the rest in order, so that a first pick the model is wrong
-    about is backed by its best guesses of other kinds rather than by near-copies of it."""
+def diverse_order(configs: Sequence[TileConfig], k: int,
+                  group_of: Callable[[TileConfig], tuple] = diversity_group) -> list[int]:
+    """Indices of the first k of `configs` (listed best first) to try: the best of each group
+    in order, then the rest in order, so that a first pick the model is wrong about is backed
+    by its best guesses of other kinds rather than by near-copies of it."""
     seen: set = set()
     first, rest = [], []
     for i, c in enumerate(configs):
-        group = diversity_group(c)
+        group = group_of(c)
         (rest if group in seen else first).append(i)
         seen.add(group)
         if len(first) >= k:

@@ -50,6 +50,10 @@ class PretrainArgs:
                                off="the bounded cost head reads the encodings and knobs alone (an ablation)")
     encoder: str = flag("gnn", "problem encoder: gnn (GINEConv message passing) or mlp (the same node "
                                "features, no messages; an ablation)", check=one_of("gnn", "mlp"))
+    regression_weight: float = flag(0.1, "weight of the cost head's squared error on log TFLOP/s, beside its "
+                                         "ranking loss", check=at_least(0, float))
+    cost_listwise: float = flag(0.0, "weight of the cost head's listwise loss: softmax(predicted log TFLOP/s / "
+                                     "--temperature) against the listwise target", check=at_least(0, float))
     named_weight: float = flag(0.25, "weight of the rows of the named lists in the targets and losses: they "
                                      "are measured on every problem (1: as any row)", check=positive)
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)", check=positive)
@@ -96,6 +100,7 @@ def run(args: PretrainArgs) -> dict | None:
                                  batch_size=args.batch_size // args.devices, demos=demos,
                                  named_weight=args.named_weight)
     module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature,
+                          regression_weight=args.regression_weight, cost_listwise_weight=args.cost_listwise,
                           imitation_weight=args.imitation_weight)
     trainer = pl.Trainer(
         max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, **trainer_options(args.devices),
