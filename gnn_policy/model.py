@@ -29,9 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import GINEConv, global_max_pool, global_mean_pool
 
-from graphs import GemmProblem
 from graphs.build import EDGE_DIM, NODE_DIM
-from hardware_specs import GpuSpec
 from hardware_specs.features import SPEC_DIM
 from gnn_policy.cost_features import (FEATURE_DIM, GEOMETRY_DIM, PROBLEM_DIM, PROBLEM_FIELDS, analytic_features,
                                       config_values, feature_points, problem_dims, tile_geometry)
@@ -51,7 +49,7 @@ class ModelConfig:
     gpu_dropout: float = 0.3
     space: str = "full"
     geometry: bool = True  # cost_model 0: the cost head reads `tile_geometry` (checkpoints before it: False)
-    cost_model: int = 0  # 0: unbounded cost head (the shipped checkpoints); 1: roofline x efficiency
+    cost_model: int = 0  # 0: unbounded cost head (meta.pt, plain.pt and older); 1: roofline x efficiency
     cost_features: bool = True  # cost_model 1: read `analytic_features` (False: an ablation)
     encoder: str = "gnn"  # "mlp": the same node features, no message passing (an ablation)
 
@@ -67,6 +65,13 @@ LOG_ROOF = PROBLEM_FIELDS.index("log_roofline")
 # score_all's rows per step: a chunk's hidden activations stay in the CPU's cache, where one pass over
 # all ~56,000 valid configs of a problem at once ran 3-4x slower (memory bound, 2 cores)
 SCORE_CHUNK = 8192
+
+
+def weights_version(tensors) -> tuple:
+    """A key that changes when any of `tensors` is modified in place (an optimiser step, a load).
+    Tensors made under `torch.inference_mode` (a checkpoint loaded there) keep no version
+    counter; nothing trains them, so they count as fixed."""
+    return tuple((id(t), -1 if t.is_inference() else t._version) for t in tensors)
 
 
 def _mlp(i: int, h: int, o: int) -> nn.Sequential:
@@ -220,8 +225,7 @@ class PolicyModel(nn.Module):
         """[len(space), hidden]: each point's knob embeddings through the cost head's first
         layer; rebuilt when those weights change (an optimiser step or a load bumps `_version`)."""
         first, e = self.cost_head[0], self.cfg.knob_embed
-        tensors = [emb.weight for emb in self.knob_embed] + [first.weight]
-        key = tuple((id(t), t._version) for t in tensors)
+        key = weights_version([emb.weight for emb in self.knob_embed] + [first.weight])
         if self._table is None or self._table[0] != key:
             hid, shape = self.cfg.hidden, self.space.shape
             table = torch.zeros(*shape, hid, dtype=first.weight.dtype, device=first.weight.device)

@@ -1,7 +1,6 @@
 """Offline evaluation on replayed labels: every picker orders the measured configs of a problem."""
 import random
 
-import pytest
 import torch
 
 import hardware_specs

@@ -182,3 +182,11 @@ def test_the_shipped_first_checkpoints_pick_exactly_as_before(name):
             got = [(x.config.key, x.predicted_tflops, x.probability) for x in picks]
             assert [g[0] for g in got] == [e[0] for e in expected]
             assert [g[1:] for g in got] == [pytest.approx(e[1:], abs=2e-3) for e in expected]
+
+
+def test_a_bounded_policy_loaded_under_inference_mode_scores_and_caches(bounded_checkpoint):
+    with torch.inference_mode():  # as gnn_policy.matmul loads it inside a user's inference_mode
+        policy = Policy.load(bounded_checkpoint)
+        picks = policy.top_k(P, H200, 4)
+        assert policy.top_k(P, H200, 4) == picks and len(policy._scores) == 1
+    assert policy.top_k(P, H200, 4) == picks

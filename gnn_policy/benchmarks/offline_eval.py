@@ -12,7 +12,8 @@ config of the problem, any space), geomean over problems, per split and per clas
 - `new_by_score`: the same scores without the diversity rule; `new_heads`: its autoregressive heads;
 - `old`: a first-generation checkpoint's rule (`first_pick` on probability and cost, then probability);
 - `analytic`: the fitted analytic model's predictions (checkpoints/analytic.json);
-- `default`: `default_config` as `gnn_policy.matmul` runs it, where it was measured (else left out);
+- `default`: `default_config` as `gnn_policy.matmul` runs it, where it was measured (else left out;
+  every picker is also reported on those problems alone);
 - `random`: a seeded random order.
 Calibration of the bounded model: median |log(predicted / measured)| and the share within 20%
 on all candidates and on the 8 it predicts fastest; the largest predicted / roofline over every
@@ -44,12 +45,13 @@ from gnn_policy.snapshot import load_shipped
 from gnn_policy.space import TileConfig
 
 KS = (1, 2, 4, 8)
+DEFAULT_MEASURED = "where default_config was measured"
 TEMPERATURES = (0.03, 0.1, 0.3, 1.0)
 # the diversity groups compared on val (policy.diversity_group is the one kept)
 GROUPS: dict[str, Callable[[TileConfig], tuple]] = {
-    "variant,split_k,bm,bn": diversity_group,
+    "variant,split_k,bm,bn,bk": diversity_group,
+    "variant,split_k,bm,bn": lambda c: (c.variant, c.split_k, c.block_m, c.block_n),
     "variant,split_k>1,bm,bn": lambda c: (c.variant, c.split_k > 1, c.block_m, c.block_n),
-    "variant,split_k,bm,bn,bk": lambda c: (c.variant, c.split_k, c.block_m, c.block_n, c.block_k),
     "variant,split_k": lambda c: (c.variant, c.split_k),
 }
 
@@ -133,7 +135,8 @@ def evaluate(db: Database, gpu, split: str, new: dict[str, Policy], old: Policy 
         rng = random.Random(f"{seed}:{p.key}")
         orders["random"] = rng.sample(range(len(configs)), len(configs))
         default = default_pick(p, gpu, ok)
-        groups = ("all", *classes(p))
+        # the problems where default_config was measured form a group of their own: every picker on them
+        groups = ("all", *classes(p)) + ((DEFAULT_MEASURED,) if default.key in tf else ())
         for name, order in orders.items():
             for k in KS:
                 frac = max(values[i] for i in order[:k]) / best
@@ -157,8 +160,26 @@ def evaluate(db: Database, gpu, split: str, new: dict[str, Policy], old: Policy 
     return out
 
 
+def markdown(result: dict, pickers: Sequence[str]) -> str:
+    """Tables of one `evaluate` result per split: a row per (picker, class), a column per k."""
+    lines = []
+    for split, r in result.items():
+        lines += [f"{split} ({r['problems']} problems; default_config measured on {r['default_measured_on']}):", "",
+                  "| picker | class | problems | " + " | ".join(f"k={k}" for k in KS) + " |",
+                  "|---|---|---:|" + "---:|" * len(KS)]
+        classes_ = list(next(iter(r["fraction_of_best_known"].values())))
+        for g in classes_:
+            for name in pickers:
+                row = r["fraction_of_best_known"].get(name, {}).get(g)
+                if row:
+                    lines.append(f"| {name} | {g} | {row['problems']} | " + " | ".join(f"{row[str(k)]:.3f}" for k in KS)
+                                 + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _class_rank(name: str) -> int:
-    return CLASSES.index(name) if name in CLASSES else -1
+    return CLASSES.index(name) if name in CLASSES else len(CLASSES)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--analytic", default=str(Path(__file__).resolve().parents[2] / "checkpoints" / "analytic.json"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="", help="also write the JSON here")
+    ap.add_argument("--markdown", default="", help="also write tables of these pickers (comma-separated) here, "
+                                                   "with --markdown-pickers")
+    ap.add_argument("--markdown-pickers", default="new,old,analytic,default,random")
     ns = ap.parse_args(argv)
     gpu = hardware_specs.load(ns.gpu)
     new = {}
@@ -186,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     text = json.dumps(result, indent=1)
     if ns.out:
         Path(ns.out).write_text(text + "\n")
+    if ns.markdown:
+        Path(ns.markdown).write_text(markdown(result, ns.markdown_pickers.split(",")))
     print(text)
 
 
