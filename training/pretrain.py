@@ -52,8 +52,9 @@ class PretrainArgs:
                                "features, no messages; an ablation)", check=one_of("gnn", "mlp"))
     regression_weight: float = flag(0.1, "weight of the cost head's squared error on log TFLOP/s, beside its "
                                          "ranking loss", check=at_least(0, float))
-    cost_listwise: float = flag(0.0, "weight of the cost head's listwise loss: softmax(predicted log TFLOP/s / "
-                                     "--temperature) against the listwise target", check=at_least(0, float))
+    cost_listwise: float = flag(3.0, "weight of the cost head's listwise loss: softmax(predicted log TFLOP/s / "
+                                     "--temperature) against the listwise target (the policy's distribution; "
+                                     "docs/POLICY_RESULTS.md chose 3 on val)", check=at_least(0, float))
     named_weight: float = flag(0.25, "weight of the rows of the named lists in the targets and losses: they "
                                      "are measured on every problem (1: as any row)", check=positive)
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)", check=positive)
