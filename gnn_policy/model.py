@@ -10,24 +10,32 @@
   conditioned on the knobs chosen before it (autoregressive). Values that leave no valid
   completion are masked out at every step, so the product of the heads is a distribution
   over valid configs only.
-- Cost head: predicted log TFLOP/s of a (problem, GPU, config). With `geometry`, it also
-  reads how the config's tiles cover the problem on this GPU (`tile_geometry`): wave
-  quantisation and tile padding are ratios of integers that an MLP over log-scaled dims and
-  knob embeddings can only approximate, and they decide the ranking of near-equal configs.
+- Cost head: predicted log TFLOP/s of a (problem, GPU, config), from the encoding and the
+  knob embeddings. `cost_model` 0 (the first checkpoints): an unbounded MLP, which with
+  `geometry` also reads how the config's tiles cover the problem (`tile_geometry`).
+  `cost_model` 1: the problem's roofline on this GPU times a learned efficiency
+  sigmoid(MLP) in (0, 1), so no prediction exceeds physics; the MLP also reads
+  `cost_features.analytic_features` (waves, padding, K steps, access widths, shared memory,
+  occupancy, the variant, the epilogue). Its first layer is linear in the knob embeddings,
+  so the configs' share of it is computed once per weights and cached (`score_all`): every
+  valid config of a problem is scored in milliseconds.
 """
 from __future__ import annotations
 
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import GINEConv, global_max_pool, global_mean_pool
 
-from graphs import GemmProblem
 from graphs.build import EDGE_DIM, NODE_DIM
-from hardware_specs import GpuSpec
 from hardware_specs.features import SPEC_DIM
+from gnn_policy.cost_features import (FEATURE_DIM, GEOMETRY_DIM, PROBLEM_DIM, PROBLEM_FIELDS, analytic_features,
+                                      config_values, feature_points, problem_dims, tile_geometry)
 from gnn_policy.space import ConfigSpace, space
+
+__all__ = ["GEOMETRY_DIM", "ModelConfig", "PolicyModel", "problem_dims", "tile_geometry"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,34 +48,30 @@ class ModelConfig:
     gpu_names: tuple[str, ...] = ()  # GPUs with a learned embedding; others use index 0
     gpu_dropout: float = 0.3
     space: str = "full"
-    geometry: bool = True  # the cost head reads `tile_geometry` (checkpoints before it: False)
+    geometry: bool = True  # cost_model 0: the cost head reads `tile_geometry` (checkpoints before it: False)
+    cost_model: int = 0  # 0: unbounded cost head (meta.pt, plain.pt and older); 1: roofline x efficiency
+    cost_features: bool = True  # cost_model 1: read `analytic_features` (False: an ablation)
+    encoder: str = "gnn"  # "mlp": the same node features, no message passing (an ablation)
+
+    def __post_init__(self) -> None:
+        if self.cost_model not in (0, 1):
+            raise ValueError(f"ModelConfig.cost_model must be 0 or 1, got {self.cost_model!r}")
+        if self.encoder not in ("gnn", "mlp"):
+            raise ValueError(f"ModelConfig.encoder must be 'gnn' or 'mlp', got {self.encoder!r}")
 
 
-GEOMETRY_DIM = 7
 TILE_KNOBS = ("block_m", "block_n", "block_k", "split_k")  # the knobs `tile_geometry` reads, in its order
+LOG_ROOF = PROBLEM_FIELDS.index("log_roofline")
+# score_all's rows per step: a chunk's hidden activations stay in the CPU's cache, where one pass over
+# all ~56,000 valid configs of a problem at once ran 3-4x slower (memory bound, 2 cores)
+SCORE_CHUNK = 8192
 
 
-def problem_dims(problem: GemmProblem, gpu: GpuSpec) -> torch.Tensor:
-    """[5]: batch, M, N, K and the GPU's SM count, what `tile_geometry` needs of a (problem, GPU)."""
-    return torch.tensor([problem.batch, problem.m, problem.n, problem.k, gpu.sm_count], dtype=torch.float64)
-
-
-def tile_geometry(tiles: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
-    """[..., GEOMETRY_DIM] for tile sizes [..., 4] (block_m, block_n, block_k, split_k) and
-    `problem_dims` [..., 5] broadcast against them:
-    log2 of tiles per SM, the wave efficiency tiles / (waves x SMs), M and N coverage by the
-    tiles (padding waste), log2 of K iterations per tile, the coverage of K by them, and
-    log2 of split_k. A tile is one program of the launch grid; several may share an SM.
-    """
-    bm, bn, bk, sk = tiles.unbind(-1)
-    batch, m, n, k, sms = dims.unbind(-1)
-    count = batch * torch.ceil(m / bm) * torch.ceil(n / bn) * sk
-    waves = torch.ceil(count / sms)
-    k_per_split = torch.ceil(k / sk)
-    k_iters = torch.ceil(k_per_split / bk)
-    feats = [torch.log2(count / sms), count / (waves * sms), m / (torch.ceil(m / bm) * bm),
-             n / (torch.ceil(n / bn) * bn), torch.log2(k_iters), k_per_split / (k_iters * bk), torch.log2(sk)]
-    return torch.stack(feats, -1)
+def weights_version(tensors) -> tuple:
+    """A key that changes when any of `tensors` is modified in place (an optimiser step, a load).
+    Tensors made under `torch.inference_mode` (a checkpoint loaded there) keep no version
+    counter; nothing trains them, so they count as fixed."""
+    return tuple((id(t), -1 if t.is_inference() else t._version) for t in tensors)
 
 
 def _mlp(i: int, h: int, o: int) -> nn.Sequential:
@@ -99,7 +103,10 @@ class PolicyModel(nn.Module):
         self.space: ConfigSpace = space(cfg.space)
         h, e = cfg.hidden, cfg.knob_embed
         self.node_in = nn.Linear(NODE_DIM, h)
-        self.convs = nn.ModuleList(GINEConv(_mlp(h, h, h), edge_dim=EDGE_DIM) for _ in range(cfg.layers))
+        if cfg.encoder == "gnn":
+            self.convs = nn.ModuleList(GINEConv(_mlp(h, h, h), edge_dim=EDGE_DIM) for _ in range(cfg.layers))
+        else:
+            self.convs = nn.ModuleList(_mlp(h, h, h) for _ in range(cfg.layers))
         self.norms = nn.ModuleList(nn.LayerNorm(h) for _ in range(cfg.layers))
         self.graph_out = nn.Linear(2 * h, h)
         self.hw = _mlp(SPEC_DIM, h, h)
@@ -107,21 +114,32 @@ class PolicyModel(nn.Module):
         self.film = nn.Linear(2 * h, 2 * h)
         self.knob_embed = nn.ModuleList(nn.Embedding(n, e) for n in self.space.shape)
         self.heads = nn.ModuleList(_mlp(h + i * e, h, n) for i, n in enumerate(self.space.shape))
-        geometry = GEOMETRY_DIM if cfg.geometry else 0
-        self.cost_head = _mlp(h + len(self.space.shape) * e + geometry, h, 1)
+        self.cost_head = _mlp(h + len(self.space.shape) * e + self._cost_feature_dim(), h, 1)
         names = [n for n, _ in self.space.knobs]
         self._tile_knobs = [names.index(n) for n in TILE_KNOBS] if cfg.geometry else []
-        if cfg.geometry:  # value per knob index; not in the state_dict: the space defines them
+        if cfg.geometry and cfg.cost_model == 0:  # value per knob index; not in the state_dict: the space defines them
             for n in TILE_KNOBS:
                 self.register_buffer(f"{n}_sizes", torch.tensor(self.space.values[n], dtype=torch.float64),
                                      persistent=False)
+        if cfg.cost_model == 1:  # knob values for the analytic features (the space defines them)
+            self.register_buffer("point_values", config_values(self.space).float(), persistent=False)
+            rows, inverse = feature_points(self.space)
+            self.register_buffer("feature_rows", rows, persistent=False)
+            self.register_buffer("feature_row_of", inverse, persistent=False)
+        self._table: tuple[tuple, torch.Tensor] | None = None  # score_all's cache: (weights' versions, table)
+
+    def _cost_feature_dim(self) -> int:
+        if self.cfg.cost_model == 1:
+            return FEATURE_DIM if self.cfg.cost_features else 0
+        return GEOMETRY_DIM if self.cfg.geometry else 0
 
     def encode(self, graphs, spec: torch.Tensor, gpu_index: torch.Tensor) -> torch.Tensor:
         """[B, hidden]: a batch of problem graphs (PyG Batch), spec vectors [B, SPEC_DIM] and
         known-GPU indices [B] (0: unknown)."""
         x = self.node_in(graphs.x)
         for conv, norm in zip(self.convs, self.norms):
-            x = x + torch.relu(norm(conv(x, graphs.edge_index, graphs.edge_attr)))
+            y = conv(x, graphs.edge_index, graphs.edge_attr) if self.cfg.encoder == "gnn" else conv(x)
+            x = x + torch.relu(norm(y))
         pooled = torch.cat([global_mean_pool(x, graphs.batch), global_max_pool(x, graphs.batch)], -1)
         g = self.graph_out(pooled)
         if self.training and self.cfg.gpu_dropout > 0:
@@ -157,19 +175,67 @@ class PolicyModel(nn.Module):
         return total
 
     def cost(self, h: torch.Tensor, configs: torch.Tensor, dims: torch.Tensor | None = None) -> torch.Tensor:
-        """Predicted log TFLOP/s [B, C] for knob indices configs [B, C, knobs]; `dims` [B, 5]
-        (`problem_dims`) is required when the model reads the tile geometry."""
+        """Predicted log TFLOP/s [B, C] for knob indices configs [B, C, knobs]. `dims`: each
+        problem's `problem_vector` [B, PROBLEM_DIM] (cost_model 1), or at least its first five
+        entries, `problem_dims` (cost_model 0 with the tile geometry)."""
         b, c, _ = configs.shape
         parts = [h[:, None, :].expand(b, c, h.shape[-1])]
         parts += [emb(configs[..., j]) for j, emb in enumerate(self.knob_embed)]
+        if self.cfg.cost_model == 1:
+            if dims is None or dims.shape != (b, PROBLEM_DIM):
+                raise ValueError(f"this model's cost head reads the roofline: pass dims [{b}, {PROBLEM_DIM}] "
+                                 "(cost_features.problem_vector of each problem)")
+            if self.cfg.cost_features:
+                values = self.point_values[self._prefix_flat(configs, len(self.space.shape))]
+                parts.append(analytic_features(values, dims.to(values)[:, None, :]).to(h.dtype))
+            raw = self.cost_head(torch.cat(parts, -1)).squeeze(-1)
+            return dims[:, None, LOG_ROOF].to(raw) + F.logsigmoid(raw)
         if self.cfg.geometry:
-            if dims is None or dims.shape != (b, 5):
+            if dims is None or dims.shape[0] != b or dims.dim() != 2 or dims.shape[1] < 5:
                 raise ValueError(f"this model's cost head reads the tile geometry: pass dims [{b}, 5] "
                                  "(problem_dims of each problem)")
             tiles = torch.stack([getattr(self, f"{n}_sizes")[configs[..., j]]
                                  for n, j in zip(TILE_KNOBS, self._tile_knobs)], -1)
-            parts.append(tile_geometry(tiles, dims.to(tiles)[:, None, :]).to(h.dtype))
+            parts.append(tile_geometry(tiles, dims[:, :5].to(tiles)[:, None, :]).to(h.dtype))
         return self.cost_head(torch.cat(parts, -1)).squeeze(-1)
+
+    @torch.no_grad()
+    def score_all(self, h: torch.Tensor, dims: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        """`cost` [C] of one problem (context h [1, hidden], `problem_vector` dims [PROBLEM_DIM])
+        for the configs at flat grid indices `flat` [C], cost_model 1 only. The cost head's first
+        layer, split by what its input depends on: the configs' part (knob embeddings) from
+        the cached table, the problem's part once, the features' part per config; float32."""
+        if self.cfg.cost_model != 1:
+            raise ValueError("score_all needs a roofline-bounded cost head (ModelConfig.cost_model 1)")
+        first, _, last = self.cost_head
+        hid, knobs = self.cfg.hidden, len(self.space.shape) * self.cfg.knob_embed
+        table, problem_part = self._config_table(), h.reshape(1, -1) @ first.weight[:, :hid].T + first.bias
+        feats = analytic_features(self.feature_rows, dims.to(self.feature_rows)) if self.cfg.cost_features else None
+        w_feats, w_out = first.weight[:, hid + knobs:].T, last.weight[0]
+        raw = torch.empty(len(flat), dtype=table.dtype)
+        for start in range(0, len(flat), SCORE_CHUNK):
+            part = slice(start, start + SCORE_CHUNK)
+            x = table[flat[part]].add_(problem_part)
+            if feats is not None:
+                x.addmm_(feats[self.feature_row_of[flat[part]]], w_feats)
+            torch.mv(x.relu_(), w_out, out=raw[part])
+        return dims[LOG_ROOF].to(raw) + F.logsigmoid(raw + last.bias)
+
+    def _config_table(self) -> torch.Tensor:
+        """[len(space), hidden]: each point's knob embeddings through the cost head's first
+        layer; rebuilt when those weights change (an optimiser step or a load bumps `_version`)."""
+        first, e = self.cost_head[0], self.cfg.knob_embed
+        key = weights_version([emb.weight for emb in self.knob_embed] + [first.weight])
+        if self._table is None or self._table[0] != key:
+            hid, shape = self.cfg.hidden, self.space.shape
+            table = torch.zeros(*shape, hid, dtype=first.weight.dtype, device=first.weight.device)
+            for j, emb in enumerate(self.knob_embed):
+                part = emb.weight @ first.weight[:, hid + j * e:hid + (j + 1) * e].T  # [n_j, hidden]
+                view = [1] * len(shape) + [hid]
+                view[j] = shape[j]
+                table = table + part.reshape(view)
+            self._table = (key, table.reshape(-1, hid))
+        return self._table[1]
 
     @torch.no_grad()
     def beam_search(self, h: torch.Tensor, mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,12 +1,21 @@
 """A trained policy at inference: load a checkpoint, rank configs for a problem and a GPU.
 
 `Policy.load()` reads `checkpoints/pretrained.pt` (or another checkpoint) with
-`torch.load(weights_only=True)`. `top_k` returns the k most probable valid configs (beam
-search) with their probabilities and the cost head's predicted TFLOP/s; `rank` orders
-configs someone else proposes, which is what `autotune_pruner` does for `triton.autotune`.
+`torch.load(weights_only=True)`. `top_k` returns the configs to try, best first, with their
+probabilities and the cost head's predicted TFLOP/s; `rank` orders configs someone else
+proposes, which is what `autotune_pruner` does for `triton.autotune`.
+
+A roofline-bounded cost model (`ModelConfig.cost_model` 1) scores every valid config of the
+problem (`PolicyModel.score_all`): the first pick is the best predicted, the next ones the
+best of each (variant, SPLIT_K, tile shape) group not yet picked (`diverse_order`), and the
+policy's distribution is softmax(predicted log TFLOP/s / TEMPERATURE) over the valid configs.
+The scores of the last problems are kept (`CACHED` of them), so a shape asked again costs a
+lookup. The first checkpoints (cost_model 0) keep their rule: a beam over the autoregressive
+heads, reranked by the cost head.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -22,7 +31,8 @@ from graphs.build import problem_graph
 from hardware_specs import GpuSpec
 from hardware_specs.features import GpuVocab, spec_vector
 from gnn_policy.checkpoint import CheckpointError, model_fields, read_checkpoint, weights_fault
-from gnn_policy.model import ModelConfig, PolicyModel, problem_dims
+from gnn_policy.cost_features import problem_vector
+from gnn_policy.model import ModelConfig, PolicyModel, weights_version
 from gnn_policy.space import TileConfig
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "pretrained.pt"
@@ -49,6 +59,37 @@ def first_pick(log_probs: Sequence[float], log_tflops: Sequence[float], rerank: 
     return max(range(min(rerank, len(log_probs))), key=lambda i: log_probs[i] + cost_weight * log_tflops[i])
 
 
+TEMPERATURE = 0.1  # cost_model 1: p(config) = softmax(predicted log TFLOP/s / TEMPERATURE) over valid configs
+CACHED = 64  # problems whose scores a Policy keeps
+HEAD = 1024  # best predicted configs kept in order per problem: where top_k's diverse picks come from
+
+
+def diversity_group(config: TileConfig) -> tuple:
+    """The group `diverse_order` spreads the picks over: the variant, SPLIT_K and the tile shape.
+
+    Without it, the shipped model's 4 best predicted configs of a val problem span 2.3 groups
+    on average, and one alone for 16 of 110 problems (near-copies differing in warps, stages or
+    GROUP_M, whose outcomes go together). With BLOCK_K in the group, best of 4 on val's
+    measured configs was 0.994, against 0.991 without it (docs/POLICY_RESULTS.md)."""
+    return config.variant, config.split_k, config.block_m, config.block_n, config.block_k
+
+
+def diverse_order(configs: Sequence[TileConfig], k: int,
+                  group_of: Callable[[TileConfig], tuple] = diversity_group) -> list[int]:
+    """Indices of the first k of `configs` (listed best first) to try: the best of each group
+    in order, then the rest in order, so that a first pick the model is wrong about is backed
+    by its best guesses of other kinds rather than by near-copies of it."""
+    seen: set = set()
+    first, rest = [], []
+    for i, c in enumerate(configs):
+        group = group_of(c)
+        (rest if group in seen else first).append(i)
+        seen.add(group)
+        if len(first) >= k:
+            break
+    return (first + rest)[:k]
+
+
 @dataclasses.dataclass(frozen=True)
 class Pick:
     config: TileConfig
@@ -56,10 +97,24 @@ class Pick:
     predicted_tflops: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """Every valid config of one (problem, GPU) scored by a roofline-bounded cost model."""
+
+    order: torch.Tensor  # flat grid indices of the best predicted valid configs (up to HEAD), best first
+    log_tflops: torch.Tensor  # their predicted log TFLOP/s, in that order
+    by_flat: torch.Tensor  # [len(space)] the same by flat grid index, -inf for invalid configs
+    log_z: float  # logsumexp of log_tflops / TEMPERATURE: the distribution's normaliser
+
+    def log_prob(self, log_tflops: torch.Tensor) -> torch.Tensor:
+        return log_tflops / TEMPERATURE - self.log_z
+
+
 class Policy:
     def __init__(self, model: PolicyModel):
         self.model = model.eval()
         self.vocab = GpuVocab(model.cfg.gpu_names)
+        self._scores: collections.OrderedDict = collections.OrderedDict()  # (problem, gpu, weights) -> Scores
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CHECKPOINT) -> Policy:
@@ -88,24 +143,41 @@ class Policy:
 
     def cost(self, h: torch.Tensor, problem: GemmProblem, gpu: GpuSpec, configs: torch.Tensor) -> torch.Tensor:
         """Predicted log TFLOP/s [1, C] of knob indices configs [1, C, knobs] for context h of `encode`."""
-        return self.model.cost(h, configs, problem_dims(problem, gpu)[None])
+        return self.model.cost(h, configs, problem_vector(problem, gpu)[None])
 
     @torch.no_grad()
     def _encode(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encode(problem, gpu)
 
     @torch.no_grad()
-    def top_k(self, problem: GemmProblem, gpu: GpuSpec, k: int = 8) -> list[Pick]:
-        """The k configs to try, best first (fewer if fewer are valid): of the `RERANK` most
-        probable valid configs, the one with the best log probability + `COST_WEIGHT` x
-        predicted log TFLOP/s, then the others by probability.
+    def scores(self, problem: GemmProblem, gpu: GpuSpec) -> Scores:
+        """Every valid config scored (cost_model 1), from the cache when the weights are unchanged."""
+        key = (problem, gpu, weights_version(self.model.parameters()))
+        if key in self._scores:
+            self._scores.move_to_end(key)
+            return self._scores[key]
+        h, mask = self._encode(problem, gpu)
+        flat = mask.flatten().nonzero().squeeze(1)
+        pred = self.model.score_all(h, problem_vector(problem, gpu), flat)
+        by_flat = torch.full((mask.numel(),), float("-inf")).index_put_((flat,), pred)
+        head, top = pred.topk(min(HEAD, len(pred)))  # a full sort of ~56,000 scores costs 4 ms
+        self._scores[key] = Scores(flat[top], head, by_flat, torch.logsumexp(pred / TEMPERATURE, 0).item())
+        if len(self._scores) > CACHED:
+            self._scores.popitem(last=False)
+        return self._scores[key]
 
-        The policy head fits the train families almost exactly; the cost head, which also reads
-        the tile geometry, ranks unseen families better: the rule raised val top-1 among measured
-        configs from 0.904 to 0.944 for the shipped checkpoint, at the same best of 8
-        (docs/BENCHMARKS.md). With a weight of 10, a 5% faster prediction outweighs half a nat
-        of probability.
+    @torch.no_grad()
+    def top_k(self, problem: GemmProblem, gpu: GpuSpec, k: int = 8) -> list[Pick]:
+        """The k configs to try, best first (fewer if fewer are valid).
+
+        cost_model 1: the best predicted of all valid configs, then `diverse_order`.
+        cost_model 0: of the `RERANK` most probable valid configs (beam search), the one with
+        the best log probability + `COST_WEIGHT` x predicted log TFLOP/s, then the others by
+        probability. That rule raised the first checkpoints' val top-1 among measured configs
+        from 0.904 to 0.944 at the same best of 8 (docs/BENCHMARKS.md).
         """
+        if self.model.cfg.cost_model == 1:
+            return self._top_k_scored(problem, gpu, k)
         h, mask = self._encode(problem, gpu)
         beams, logp = self.model.beam_search(h, mask, max(k, RERANK))
         tflops = self.cost(h, problem, gpu, beams)[0].exp()
@@ -116,16 +188,40 @@ class Policy:
             picks.insert(0, picks.pop(first))
         return picks[:k]
 
+    def _top_k_scored(self, problem: GemmProblem, gpu: GpuSpec, k: int) -> list[Pick]:
+        s, points = self.scores(problem, gpu), self.model.space.points
+        configs: list[TileConfig] = []
+        groups: set = set()
+        for flat in s.order.tolist():  # stop once k groups are found (near the top)
+            configs.append(points[flat])
+            groups.add(diversity_group(configs[-1]))
+            if len(groups) >= k:
+                break
+        chosen = diverse_order(configs, k)
+        pred = s.log_tflops[chosen]
+        return [Pick(configs[i], math.exp(lp), math.exp(tf))
+                for i, lp, tf in zip(chosen, s.log_prob(pred).tolist(), pred.tolist())]
+
     @torch.no_grad()
     def rank(self, problem: GemmProblem, gpu: GpuSpec, configs: Sequence[TileConfig]) -> list[tuple[TileConfig, float]]:
         """`configs` of the policy's space with their probabilities, most probable first."""
         inside = [c for c in configs if c in self.model.space]
         if not inside:
             return []
-        h, mask = self._encode(problem, gpu)
-        idx = torch.tensor([self.model.space.index(c) for c in inside])[None]
-        probs = self.model.log_prob(h, idx, mask)[0].exp().tolist()
+        if self.model.cfg.cost_model == 1:
+            probs = self._probabilities(problem, gpu, inside)
+        else:
+            h, mask = self._encode(problem, gpu)
+            idx = torch.tensor([self.model.space.index(c) for c in inside])[None]
+            probs = self.model.log_prob(h, idx, mask)[0].exp().tolist()
         return sorted(zip(inside, probs), key=lambda x: -x[1])
+
+    def _probabilities(self, problem: GemmProblem, gpu: GpuSpec, configs: Sequence[TileConfig]) -> list[float]:
+        """p(config) under the cost model's softmax; 0 for configs invalid for this problem."""
+        s, shape = self.scores(problem, gpu), self.model.space.shape
+        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        flat = torch.tensor([sum(i * st for i, st in zip(self.model.space.index(c), strides)) for c in configs])
+        return s.log_prob(s.by_flat[flat].double()).exp().tolist()  # float64: far tails stay above 0
 
 
 def autotune_pruner(policy: Policy, k: int, gpu: GpuSpec, problem_of: Callable[[dict], GemmProblem],

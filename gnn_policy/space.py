@@ -26,6 +26,30 @@ DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 MAX_ACC_PER_THREAD = 128
 
 
+# The resource model, written as arithmetic alone so that it serves one TileConfig's ints here
+# and the cost model's tensors of every config at once (gnn_policy.cost_features): one definition.
+def pipeline_smem(block_m: Any, block_n: Any, block_k: Any, stages: Any, elem_bytes: Any) -> Any:
+    """Bytes of shared memory the software pipeline holds: one A and one B tile per stage."""
+    return (block_m + block_n) * block_k * stages * elem_bytes
+
+
+def accumulators_per_thread(block_m: Any, block_n: Any, warps: Any, warpspec: Any) -> Any:
+    """fp32 accumulators per thread of the warps that hold the tile: a warp-specialised kernel's
+    two consumer warp groups of `num_warps` each (its producer holds none)."""
+    return block_m * block_n / (32 * warps * (1 + warpspec))
+
+
+def resident_programs(smem_bytes: Any, warps: Any, smem_per_sm: Any, threads_per_sm: Any) -> Any:
+    """Programs one SM holds at once as far as shared memory and threads allow (the `registers`
+    rule bounds the rest), at least 1; ints, or tensors of configs. CUDA reserves 1 KB of shared
+    memory per block."""
+    by_smem = smem_per_sm // (smem_bytes + 1024)
+    by_threads = threads_per_sm // (32 * warps)
+    if isinstance(by_smem, int):
+        return max(1, min(by_smem, by_threads))
+    return by_smem.minimum(by_threads).clamp(min=1)  # tensors of configs
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class TileConfig:
     """One point of the space: what the Triton template is compiled and launched with."""
@@ -113,14 +137,12 @@ class TileConfig:
                    variant=entry.get("VARIANT", "tma" if entry.get("USE_TMA") else "ptr"))
 
     def smem_bytes(self, dtype: str) -> int:
-        """Shared memory the software pipeline holds: one A and one B tile per stage."""
-        return (self.block_m + self.block_n) * self.block_k * self.num_stages * DTYPE_BYTES[dtype]
+        """Shared memory the software pipeline holds (`pipeline_smem`)."""
+        return pipeline_smem(self.block_m, self.block_n, self.block_k, self.num_stages, DTYPE_BYTES[dtype])
 
     def acc_per_thread(self) -> float:
-        """fp32 accumulators per thread of the warps that hold the tile: a warp-specialised
-        kernel's two consumer warp groups of `num_warps` each (its producer holds none)."""
-        holders = 2 * self.num_warps if self.variant == "warpspec" else self.num_warps
-        return self.block_m * self.block_n / (32 * holders)
+        """fp32 accumulators per thread of the warps that hold the tile (`accumulators_per_thread`)."""
+        return accumulators_per_thread(self.block_m, self.block_n, self.num_warps, self.variant == "warpspec")
 
 
 _KEY_RE = re.compile(r"bm(\d+)_bn(\d+)_bk(\d+)_sk(\d+)_gm(\d+)_w(\d+)_s(\d+)_(" + "|".join(VARIANTS) + ")")
@@ -295,12 +317,17 @@ class ConfigSpace:
         return out
 
 
+def leading_dims(problem: Any) -> tuple[int, int]:
+    """Elements between consecutive rows (row-major) or columns (column-major) of A and B as stored."""
+    a_rows = problem.k if problem.a_layout == "row" else problem.m
+    b_rows = problem.n if problem.b_layout == "row" else problem.k
+    return a_rows, b_rows
+
+
 def tma_fits(problem: Any) -> bool:
     """TMA loads need 16-byte aligned row strides of A and B as stored (else `tma-alignment`)."""
     e = DTYPE_BYTES[problem.dtype]
-    a_rows = problem.k if problem.a_layout == "row" else problem.m
-    b_rows = problem.n if problem.b_layout == "row" else problem.k
-    return (a_rows * e) % 16 == 0 and (b_rows * e) % 16 == 0
+    return all((rows * e) % 16 == 0 for rows in leading_dims(problem))
 
 
 @functools.lru_cache(maxsize=8)

@@ -13,8 +13,9 @@ import triton.language as tl
 import hardware_specs
 from graphs import GemmProblem
 from gnn_policy.model import ModelConfig, PolicyModel
-from gnn_policy.policy import COST_WEIGHT, RERANK, Policy, autotune_pruner
-from gnn_policy.space import NAMED_LISTS, violations
+from gnn_policy.policy import (COST_WEIGHT, DEFAULT_CHECKPOINT, RERANK, TEMPERATURE, Policy, autotune_pruner,
+                               diversity_group)
+from gnn_policy.space import NAMED_LISTS, TileConfig, violations
 
 H200 = hardware_specs.load("h200")
 P = GemmProblem(16, 4096, 4096, bias=True, activation="gelu")
@@ -109,3 +110,83 @@ def test_a_checkpoint_saved_before_the_tile_geometry_loads_and_ranks(tmp_path):
     # a model with the geometry has a cost head wider by the geometry features
     new = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
     assert new.cost_head[0].in_features == model.cost_head[0].in_features + 7
+
+
+@pytest.fixture(scope="module")
+def bounded_checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,), cost_model=1))
+    path = tmp_path_factory.mktemp("ckpt") / "bounded.pt"
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+    return path
+
+
+def test_a_bounded_cost_model_picks_the_best_predicted_then_one_of_each_group(bounded_checkpoint):
+    policy = Policy.load(bounded_checkpoint)
+    picks = policy.top_k(P, H200, 8)
+    scores = policy.scores(P, H200)
+    assert picks[0].config == policy.model.space.points[scores.order[0].item()]
+    assert len(picks) == 8 and len({p.config for p in picks}) == 8
+    assert all(not violations(p.config, H200, P.dtype, P.k) for p in picks)
+    groups = [diversity_group(p.config) for p in picks]
+    assert len(set(groups)) == 8  # eight groups, each represented by its best predicted config
+    for p in picks:
+        same = [c for c in map(policy.model.space.points.__getitem__, scores.order.tolist())
+                if diversity_group(c) == diversity_group(p.config)]
+        assert same[0] == p.config
+    assert policy.top_k(P, H200, 8) == picks  # from the cache: the same answer
+
+
+def test_a_bounded_cost_models_distribution_is_a_softmax_over_the_valid_configs(bounded_checkpoint):
+    policy = Policy.load(bounded_checkpoint)
+    full = policy.model.space
+    valid = [c for c in full if not violations(c, H200, P.dtype, P.k)]
+    probs = dict(policy.rank(P, H200, valid))
+    assert sum(probs.values()) == pytest.approx(1.0, rel=1e-4)
+    best = max(probs, key=probs.get)
+    worst = min(probs, key=probs.get)
+    ratio = math.log(probs[best] / probs[worst]) * TEMPERATURE
+    by_key = {x.config: x.predicted_tflops for x in policy.top_k(P, H200, 1)}
+    assert best in by_key  # the most probable config is the first pick
+    s = policy.scores(P, H200)
+    assert ratio == pytest.approx((s.log_tflops[0] - s.by_flat[torch.isfinite(s.by_flat)].min()).item(), rel=1e-3)
+    invalid = TileConfig(256, 256, 256, num_warps=2, num_stages=6)
+    assert policy.rank(P, H200, [invalid]) == [(invalid, 0.0)]
+
+
+# picks of the shipped meta.pt and plain.pt (the first checkpoints' model, cost_model 0) on main
+# before the bounded cost model existed: (key, predicted TFLOP/s, probability) of the first three
+OLD_PICKS = {
+    ("meta", "1x16x4096x4096_bf16_rr_bgelu"): [("bm16_bn32_bk128_sk1_gm16_w4_s5_tma", 63.193, 0.00493),
+                                                ("bm32_bn32_bk256_sk1_gm1_w4_s6_tma", 42.611, 0.02119),
+                                                ("bm16_bn64_bk128_sk1_gm16_w4_s6_tma", 56.533, 0.01245)],
+    ("meta", "1x1000x1000x1000_bf16_rc"): [("bm128_bn64_bk32_sk1_gm8_w8_s5_tma", 228.183, 0.00893),
+                                           ("bm128_bn32_bk32_sk2_gm16_w4_s2_ptr", 100.125, 0.07153),
+                                           ("bm128_bn64_bk64_sk1_gm8_w8_s3_tma", 185.177, 0.07144)],
+    ("plain", "1x16x4096x4096_bf16_rr_bgelu"): [("bm16_bn64_bk128_sk1_gm16_w4_s6_tma", 77.582, 0.01367),
+                                                 ("bm64_bn32_bk128_sk1_gm16_w4_s4_tma", 47.757, 0.02761),
+                                                 ("bm32_bn32_bk256_sk1_gm1_w4_s6_tma", 58.946, 0.02564)],
+    ("plain", "1x1000x1000x1000_bf16_rc"): [("bm128_bn256_bk64_sk1_gm8_w8_s4_tma", 1180.857, 0.02567),
+                                            ("bm128_bn256_bk64_sk1_gm8_w8_s4_ptr", 466.064, 0.23416),
+                                            ("bm128_bn256_bk64_sk1_gm16_w8_s4_ptr", 481.807, 0.16783)],
+}
+
+
+@pytest.mark.parametrize("name", ["meta", "plain"])
+def test_the_shipped_first_checkpoints_pick_exactly_as_before(name):
+    policy = Policy.load(DEFAULT_CHECKPOINT.parent / f"{name}.pt")
+    assert policy.model.cfg.cost_model == 0 and policy.model.cfg.geometry
+    for (ckpt, key), expected in OLD_PICKS.items():
+        if ckpt == name:
+            picks = policy.top_k(GemmProblem.from_key(key), H200, 3)
+            got = [(x.config.key, x.predicted_tflops, x.probability) for x in picks]
+            assert [g[0] for g in got] == [e[0] for e in expected]
+            assert [g[1:] for g in got] == [pytest.approx(e[1:], abs=2e-3) for e in expected]
+
+
+def test_a_bounded_policy_loaded_under_inference_mode_scores_and_caches(bounded_checkpoint):
+    with torch.inference_mode():  # as gnn_policy.matmul loads it inside a user's inference_mode
+        policy = Policy.load(bounded_checkpoint)
+        picks = policy.top_k(P, H200, 4)
+        assert policy.top_k(P, H200, 4) == picks and len(policy._scores) == 1
+    assert policy.top_k(P, H200, 4) == picks

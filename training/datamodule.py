@@ -24,8 +24,10 @@ from training.imported import Demonstration
 
 class MeasurementDataModule(pl.LightningDataModule):
     def __init__(self, db: str, gpus: Sequence[str], space: ConfigSpace, vocab: GpuVocab,
-                 batch_size: int = 8, load_snapshot: bool = True, demos: Sequence[Demonstration] = ()):
+                 batch_size: int = 8, load_snapshot: bool = True, demos: Sequence[Demonstration] = (),
+                 named_weight: float = 1.0):
         super().__init__()
+        self.named_weight = named_weight  # rows of the named lists weigh this much (training.dataset)
         self.db, self.gpus, self.space, self.vocab = db, tuple(gpus), space, vocab
         self.batch_size, self.load_snapshot, self.demos = batch_size, load_snapshot, tuple(demos)
         self.samples: dict[str, list[Sample]] = {}
@@ -45,7 +47,7 @@ class MeasurementDataModule(pl.LightningDataModule):
             if self.load_snapshot:
                 load_shipped(db)
             for name, families in SPLITS.items():
-                self.samples[name] = load_samples(db, self.gpus, self.space, families)
+                self.samples[name] = load_samples(db, self.gpus, self.space, families, self.named_weight)
         if not self.samples["train"]:
             raise ValueError(f"{self.db}: no training problems measured on {', '.join(self.gpus)} "
                              f"(train families: {', '.join(SPLITS['train'])})")

@@ -7,6 +7,11 @@ timeout) as negatives. Listwise target: softmax over the measured configs of
 log(TFLOP/s / best) / temperature, so the best config gets the most mass and one at half
 speed e^(-ln 2 / T) times less.
 
+The named lists (tutorial, Inductor, seed) are measured on every problem, besides a random
+sample of the space: 38% of the rows of the shipped train problems, and the best row of 152 of
+280. So that the targets follow the space rather than the collection plan, their rows weigh
+`named_weight` (a per-row weight that the listwise target, ranking and regression read).
+
 Imported demonstrations (`training.imported`) become samples of the same shape, kept apart
 from the measured ones: `configs` holds the demonstrated configs, `log_tflops` zeros (they
 come without timings, so no listwise or cost loss may read them), no failures.
@@ -27,8 +32,8 @@ from graphs.build import problem_graph
 from hardware_specs.features import GpuVocab, spec_vector
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
-from gnn_policy.model import problem_dims
-from gnn_policy.space import ConfigSpace, TileConfig
+from gnn_policy.cost_features import problem_vector
+from gnn_policy.space import NAMED_LISTS, ConfigSpace, TileConfig
 from training.imported import Demonstration
 
 
@@ -40,10 +45,14 @@ class Sample:
     configs: torch.Tensor  # [C, knobs] knob indices of correct configs
     log_tflops: torch.Tensor  # [C]
     failed: torch.Tensor  # [F, knobs] knob indices of failed configs
+    weights: torch.Tensor | None = None  # [C] weight of each row in the losses (None: all 1)
+
+
+NAMED_KEYS = frozenset(c.key for configs in NAMED_LISTS.values() for c in configs)
 
 
 def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
-                 families: Sequence[str] | None = None) -> list[Sample]:
+                 families: Sequence[str] | None = None, named_weight: float = 1.0) -> list[Sample]:
     """Samples of the given GPUs, restricted to problems of `families` (None: all)."""
     out = []
     for gpu in gpus:
@@ -51,14 +60,16 @@ def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
         spec = hardware_specs.load(gpu)
         for p in db.problems(gpu):
             if families is None or p.model in families:
-                sample = measured_sample(p, spec, db.tflops(gpu, p.key), failed_by_problem.get(p.key, ()), space)
+                sample = measured_sample(p, spec, db.tflops(gpu, p.key), failed_by_problem.get(p.key, ()), space,
+                                         named_weight)
                 out += [sample] if sample else []
     return out
 
 
 def measured_sample(p: GemmProblem, spec: hardware_specs.GpuSpec, figs: dict[str, float], failed: Sequence[str],
-                    space: ConfigSpace) -> Sample | None:
-    """One problem's sample from its TFLOP/s by config key and its failed config keys (None: nothing usable)."""
+                    space: ConfigSpace, named_weight: float = 1.0) -> Sample | None:
+    """One problem's sample from its TFLOP/s by config key and its failed config keys (None:
+    nothing usable); rows of the named lists weigh `named_weight`."""
     allowed = space.problem_mask(spec, p)
     keys = [k for k in figs if k != CUBLAS and TileConfig.from_key(k) in space]
     ruled_out = [k for k in keys if not allowed[space.index(TileConfig.from_key(k))]]
@@ -72,7 +83,8 @@ def measured_sample(p: GemmProblem, spec: hardware_specs.GpuSpec, figs: dict[str
                   configs=torch.tensor([space.index(TileConfig.from_key(k)) for k in keys]),
                   log_tflops=torch.tensor([math.log(figs[k]) for k in keys]),
                   failed=torch.tensor([space.index(TileConfig.from_key(k)) for k in failed],
-                                      dtype=torch.long).reshape(-1, len(space.shape)))
+                                      dtype=torch.long).reshape(-1, len(space.shape)),
+                  weights=torch.tensor([named_weight if k in NAMED_KEYS else 1.0 for k in keys]))
 
 
 def demonstration_samples(demos: Sequence[Demonstration], space: ConfigSpace,
@@ -89,10 +101,13 @@ def demonstration_samples(demos: Sequence[Demonstration], space: ConfigSpace,
             for (gpu, _), ds in groups.items()]
 
 
-def listwise_target(log_tflops: torch.Tensor, valid: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(log(tflops / best) / T) over the valid entries of each row; [B, C]."""
-    scores = (log_tflops / temperature).masked_fill(~valid, float("-inf"))
-    return torch.softmax(scores, -1)
+def listwise_target(log_tflops: torch.Tensor, valid: torch.Tensor, temperature: float,
+                    weights: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(log(tflops / best) / T + log(weight)) over the valid entries of each row; [B, C]."""
+    scores = log_tflops / temperature
+    if weights is not None:
+        scores = scores + weights.log()
+    return torch.softmax(scores.masked_fill(~valid, float("-inf")), -1)
 
 
 @dataclasses.dataclass
@@ -106,7 +121,8 @@ class Collated:
     valid: torch.Tensor  # [B, C] False on padding
     failed: torch.Tensor  # [B, F, knobs]
     failed_valid: torch.Tensor  # [B, F]
-    dims: torch.Tensor  # [B, 5] `problem_dims`, for the cost head's tile geometry
+    dims: torch.Tensor  # [B, PROBLEM_DIM] `problem_vector`: the cost head's roofline and features
+    weights: torch.Tensor  # [B, C] each row's weight in the losses (1 on padding)
 
 
 def collate(samples: Sequence[Sample], space: ConfigSpace, vocab: GpuVocab) -> Collated:
@@ -121,9 +137,11 @@ def collate(samples: Sequence[Sample], space: ConfigSpace, vocab: GpuVocab) -> C
     knobs = len(space.shape)
     configs, valid = pad([s.configs for s in samples], knobs)
     failed, failed_valid = pad([s.failed for s in samples], knobs)
-    log_tflops = torch.zeros(valid.shape)
+    log_tflops, weights = torch.zeros(valid.shape), torch.ones(valid.shape)
     for i, s in enumerate(samples):
         log_tflops[i, :len(s.log_tflops)] = s.log_tflops
+        if s.weights is not None:
+            weights[i, :len(s.weights)] = s.weights
     specs = {s.gpu: hardware_specs.load(s.gpu) for s in samples}
     return Collated(
         graphs=Batch.from_data_list([s.graph for s in samples]),
@@ -131,4 +149,4 @@ def collate(samples: Sequence[Sample], space: ConfigSpace, vocab: GpuVocab) -> C
         gpu_index=torch.tensor([vocab.index(s.gpu) for s in samples]),
         masks=torch.stack([space.problem_mask(specs[s.gpu], s.problem) for s in samples]),
         configs=configs, log_tflops=log_tflops, valid=valid, failed=failed, failed_valid=failed_valid,
-        dims=torch.stack([problem_dims(s.problem, specs[s.gpu]) for s in samples]))
+        dims=torch.stack([problem_vector(s.problem, specs[s.gpu]) for s in samples]), weights=weights)

@@ -27,18 +27,28 @@ def imitation_loss(logp_demo: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     return -logp_demo[valid].mean()
 
 
-def ranking_loss(pred: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Pairwise logistic loss over the pairs of one problem whose measured order is strict."""
+def ranking_loss(pred: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Pairwise logistic loss over the pairs of one problem whose measured order is strict; a
+    pair weighs the product of its rows' weights [B, C] (None: 1)."""
     diff_true = log_tflops[:, :, None] - log_tflops[:, None, :]
     pairs = (diff_true > 1e-3) & valid[:, :, None] & valid[:, None, :]
     if not pairs.any():
         return pred.new_zeros(())
     diff_pred = pred[:, :, None] - pred[:, None, :]
-    return F.softplus(-diff_pred)[pairs].mean()
+    if weights is None:
+        return F.softplus(-diff_pred)[pairs].mean()
+    w = (weights[:, :, None] * weights[:, None, :])[pairs]
+    return (F.softplus(-diff_pred)[pairs] * w).sum() / w.sum()
 
 
-def regression_loss(pred: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(pred[valid], log_tflops[valid])
+def regression_loss(pred: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor,
+                    weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error on log TFLOP/s, weighted per row (None: 1)."""
+    if weights is None:
+        return F.mse_loss(pred[valid], log_tflops[valid])
+    w = weights[valid]
+    return ((pred[valid] - log_tflops[valid]) ** 2 * w).sum() / w.sum()
 
 
 def top1_fraction(scores: torch.Tensor, log_tflops: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

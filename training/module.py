@@ -12,12 +12,13 @@ from training.objective import LossWeights, objective
 class PolicyModule(pl.LightningModule):
     def __init__(self, model_config: ModelConfig, lr: float = 1e-3, temperature: float = 0.1,
                  failure_weight: float = 0.5, cost_weight: float = 1.0, regression_weight: float = 0.1,
-                 imitation_weight: float = 0.0):
+                 imitation_weight: float = 0.0, cost_listwise_weight: float = 0.0):
         super().__init__()
         self.model = PolicyModel(model_config)
         self.lr = lr
         self.weights = LossWeights(temperature=temperature, failure=failure_weight, cost=cost_weight,
-                                   regression=regression_weight, imitation=imitation_weight)
+                                   regression=regression_weight, imitation=imitation_weight,
+                                   cost_listwise=cost_listwise_weight)
 
     def _step(self, batch: Collated, stage: str, demos: Collated | None = None) -> torch.Tensor:
         loss, metrics = objective(self.model, batch, demos, self.weights)

@@ -23,6 +23,7 @@ class LossWeights:
     failure: float = 0.5  # -log(1 - p) of failed configs
     cost: float = 1.0  # the cost head's ranking loss ...
     regression: float = 0.1  # ... plus this times its MSE on log TFLOP/s
+    cost_listwise: float = 0.0  # ... plus this times the listwise loss of softmax(cost / temperature)
     imitation: float = 0.0  # NLL of imported demonstrations (0: off)
 
 
@@ -37,14 +38,17 @@ def objective(model: PolicyModel, batch: Collated | None, demos: Collated | None
     if batch is not None:
         h = model.encode(batch.graphs, batch.spec, batch.gpu_index)
         logp = model.log_prob(h, batch.configs, batch.masks)
-        target = listwise_target(batch.log_tflops, batch.valid, weights.temperature)
+        target = listwise_target(batch.log_tflops, batch.valid, weights.temperature, batch.weights)
         policy = listwise_loss(logp, target, batch.valid)
         failed = failure_loss(model.log_prob(h, batch.failed, batch.masks), batch.failed_valid)
         pred = model.cost(h, batch.configs, batch.dims)
-        rank = ranking_loss(pred, batch.log_tflops, batch.valid)
-        reg = regression_loss(pred, batch.log_tflops, batch.valid)
-        parts.append(policy + weights.failure * failed + weights.cost * (rank + weights.regression * reg))
-        metrics.update(policy=policy, failed=failed, rank=rank, regression=reg,
+        rank = ranking_loss(pred, batch.log_tflops, batch.valid, batch.weights)
+        reg = regression_loss(pred, batch.log_tflops, batch.valid, batch.weights)
+        cost_list = listwise_loss(torch.log_softmax((pred / weights.temperature).masked_fill(~batch.valid, -1e9), -1),
+                                  target, batch.valid)
+        parts.append(policy + weights.failure * failed
+                     + weights.cost * (rank + weights.regression * reg + weights.cost_listwise * cost_list))
+        metrics.update(policy=policy, failed=failed, rank=rank, regression=reg, cost_listwise=cost_list,
                        top1_measured=top1_fraction(logp, batch.log_tflops, batch.valid),
                        cost_top1_measured=top1_fraction(pred, batch.log_tflops, batch.valid))
     if demos is not None:  # imported configs: only the policy imitates them, the cost head has no timings

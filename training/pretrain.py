@@ -9,14 +9,23 @@ metrics, versions). Metrics go to W&B (offline by default) and to a CSV under `-
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import time
 from pathlib import Path
 
-from gnn_policy.args import at_least, flag, positive
+from gnn_policy.args import at_least, flag, one_of, positive
 from gnn_policy.database import DEFAULT_PATH
 from training.imported import TUNED_CONFIGS, load_demonstrations
+
+
+def _cost_model(text: str) -> int:
+    """0 or 1 (`ModelConfig.cost_model`)."""
+    value = at_least(0)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be 0 or 1, got {text}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +41,22 @@ class PretrainArgs:
     lr: float = flag(1e-3, "AdamW learning rate", check=positive)
     hidden: int = flag(128, "width of the encoders and heads", check=at_least(1))
     layers: int = flag(3, "GINEConv layers", check=at_least(1))
-    geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps)",
+    geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps; --cost-model 0)",
                           off="the cost head reads no tile geometry (as the first checkpoints)")
+    cost_model: int = flag(1, "1: roofline-bounded cost head reading the analytic features, whose scores "
+                              "pick from every valid config; 0: the first checkpoints' unbounded head",
+                           check=_cost_model)
+    cost_features: bool = flag(True, "the bounded cost head reads the analytic features",
+                               off="the bounded cost head reads the encodings and knobs alone (an ablation)")
+    encoder: str = flag("gnn", "problem encoder: gnn (GINEConv message passing) or mlp (the same node "
+                               "features, no messages; an ablation)", check=one_of("gnn", "mlp"))
+    regression_weight: float = flag(0.1, "weight of the cost head's squared error on log TFLOP/s, beside its "
+                                         "ranking loss", check=at_least(0, float))
+    cost_listwise: float = flag(3.0, "weight of the cost head's listwise loss: softmax(predicted log TFLOP/s / "
+                                     "--temperature) against the listwise target (the policy's distribution; "
+                                     "docs/POLICY_RESULTS.md chose 3 on val)", check=at_least(0, float))
+    named_weight: float = flag(0.25, "weight of the rows of the named lists in the targets and losses: they "
+                                     "are measured on every problem (1: as any row)", check=positive)
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)", check=positive)
     seed: int = flag(0, "seed of weights, shuffling and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for pretrained.pt and pretrained.card.json")
@@ -72,10 +95,13 @@ def run(args: PretrainArgs) -> dict | None:
     pl.seed_everything(args.seed, workers=True)
     demos = load_demonstrations(args.imported, ModelConfig.space)[0] if args.imitation_weight > 0 else []
     gpu_names = tuple(sorted({*args.gpus, *(d.gpu for d in demos)}))
-    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=gpu_names, geometry=args.geometry)
+    model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=gpu_names, geometry=args.geometry,
+                               cost_model=args.cost_model, cost_features=args.cost_features, encoder=args.encoder)
     data = MeasurementDataModule(args.db, args.gpus, space(model_config.space), GpuVocab(model_config.gpu_names),
-                                 batch_size=args.batch_size // args.devices, demos=demos)
+                                 batch_size=args.batch_size // args.devices, demos=demos,
+                                 named_weight=args.named_weight)
     module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature,
+                          regression_weight=args.regression_weight, cost_listwise_weight=args.cost_listwise,
                           imitation_weight=args.imitation_weight)
     trainer = pl.Trainer(
         max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, **trainer_options(args.devices),
