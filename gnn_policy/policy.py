@@ -70,7 +70,7 @@ def diversity_group(config: TileConfig) -> tuple:
     Without it, the shipped model's 4 best predicted configs of a val problem span 2.3 groups
     on average, and one alone for 16 of 110 problems (near-copies differing in warps, stages or
     GROUP_M, whose outcomes go together). With BLOCK_K in the group, best of 4 on val's
-    measured configs was 0.994, against 0.991 without it (docs/POLICY_RESULTS.md)."""
+    measured configs was 0.994, against 0.991 without it (docs/BENCHMARKS.md, "The bounded cost model")."""
     return config.variant, config.split_k, config.block_m, config.block_n, config.block_k
 
 

@@ -54,7 +54,7 @@ class PretrainArgs:
                                          "ranking loss", check=at_least(0, float))
     cost_listwise: float = flag(3.0, "weight of the cost head's listwise loss: softmax(predicted log TFLOP/s / "
                                      "--temperature) against the listwise target (the policy's distribution; "
-                                     "docs/POLICY_RESULTS.md chose 3 on val)", check=at_least(0, float))
+                                     "docs/BENCHMARKS.md, 'The bounded cost model', chose 3 on val)", check=at_least(0, float))
     named_weight: float = flag(0.25, "weight of the rows of the named lists in the targets and losses: they "
                                      "are measured on every problem (1: as any row)", check=positive)
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)", check=positive)
