@@ -81,17 +81,17 @@ def test_bench_measures_every_method_within_the_budget(tmp_path):
             assert curve == sorted(curve) and max(curve) <= 1.0 + 1e-9
     assert "| policy |" in out["report"] and (tmp_path / "bench" / "bench.png").stat().st_size > 10_000
     assert list((tmp_path / "runs" / "wandb").glob("offline-run-*"))
-    card = json.loads((tmp_path / "p.card.json").read_text())["bench"]
-    assert card["problems"] == 2 and set(card["fraction_of_best_known"]) == methods
-    assert set(card["fraction_of_best_known"]["policy"]) == {"1", "2", "4", "8"} and "all" in card["policy_vs_cublas"]
+    # a simulated runner's figures never reach the checkpoint's card
+    assert out["card"].startswith("not updated") and not (tmp_path / "p.card.json").exists()
 
     # the report rebuilt from the CSV alone (a GPU machine without wandb wrote it) is the same report
     (tmp_path / "bench" / "bench.md").unlink()
-    (tmp_path / "p.card.json").unlink()
     again = run(BenchArgs(db=db, checkpoint=str(ckpt), out=str(tmp_path / "bench"), log_dir=str(tmp_path / "runs2"),
                           report_only=True))
     assert again["report"] == out["report"] and (tmp_path / "bench" / "bench.md").read_text().strip() == out["report"]
-    assert json.loads((tmp_path / "p.card.json").read_text())["bench"] == card
+    card = json.loads((tmp_path / "p.card.json").read_text())["bench"]
+    assert card["problems"] == 2 and set(card["fraction_of_best_known"]) == methods
+    assert set(card["fraction_of_best_known"]["policy"]) == {"1", "2", "4", "8"} and "all" in card["policy_vs_cublas"]
     assert list((tmp_path / "runs2" / "wandb").glob("offline-run-*"))
 
 
