@@ -8,8 +8,8 @@ import torch
 import hardware_specs
 from graphs import GemmProblem
 from gnn_policy.calibration import roofline_tflops
-from gnn_policy.cost_features import (CONFIG_FIELDS, FEATURE_DIM, PROBLEM_FIELDS, analytic_features, config_values,
-                                      feature_points, problem_vector)
+from gnn_policy.cost_features import (CONFIG_FIELDS, FEATURE_COLUMNS, FEATURE_DIM, PROBLEM_FIELDS, analytic_features,
+                                      config_values, feature_points, problem_vector)
 from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.policy import Policy
 from gnn_policy.space import TileConfig, resident_programs, space
@@ -68,6 +68,20 @@ def test_the_features_do_not_read_group_m_so_they_are_computed_once_per_row():
     assert torch.allclose(direct, analytic_features(rows[row_of[flat]], v.float()), atol=1e-6)
     assert direct.shape == (500, FEATURE_DIM) and torch.isfinite(direct).all()
     assert CONFIG_FIELDS.index("group_m") == 4
+
+
+def test_the_features_read_what_scoring_computes_them_from():
+    values = config_values(FULL).float()
+    a, b = GemmProblem(100, 1000, 4096, b_layout="col"), GemmProblem(4096, 14336, 16, bias=True, activation="gelu")
+    fa, fb = (analytic_features(values, problem_vector(p, H200).float()) for p in (a, b))
+    assert fa.shape == (len(FULL), FEATURE_DIM) and torch.isfinite(fa).all()
+    # not GROUP_M: configs that differ in it alone have the same features
+    by_group = fa.reshape(*FULL.shape, FEATURE_DIM).movedim(CONFIG_FIELDS.index("group_m"), 0)
+    assert all(torch.equal(by_group[0], g) for g in by_group[1:])
+    # the resource group reads only the GPU and the dtype of a problem: one table serves all
+    resources = list(FEATURE_COLUMNS["resources"])
+    assert torch.equal(fa[:, resources], fb[:, resources]) and not torch.equal(fa, fb)
+    assert sorted(c for cols in FEATURE_COLUMNS.values() for c in cols) == list(range(FEATURE_DIM))
 
 
 @pytest.fixture(scope="module")
