@@ -61,17 +61,6 @@ def config_values(space_: ConfigSpace) -> torch.Tensor:
                           c.variant in TMA_VARIANTS, c.variant == "warpspec"] for c in space_], dtype=torch.float64)
 
 
-@functools.lru_cache(maxsize=4)
-def feature_points(space_: ConfigSpace) -> tuple[torch.Tensor, torch.Tensor]:
-    """(distinct rows [U, CONFIG_DIM] float32, row of each point [len(space)]): the points told
-    apart by what `analytic_features` reads. It does not read GROUP_M (an L2 swizzle whose
-    effect the knob's embedding carries), so a problem's features take a quarter of the work."""
-    values = config_values(space_).clone()
-    values[:, CONFIG_FIELDS.index("group_m")] = 0
-    rows, inverse = torch.unique(values, dim=0, return_inverse=True)
-    return rows.float(), inverse
-
-
 def tile_geometry(tiles: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
     """[..., GEOMETRY_DIM] for tile sizes [..., 4] (block_m, block_n, block_k, split_k) and
     `problem_dims` [..., 5] broadcast against them:
