@@ -33,7 +33,7 @@ from hardware_specs.features import GpuVocab, spec_vector
 from gnn_policy.checkpoint import CheckpointError, model_fields, read_checkpoint, weights_fault
 from gnn_policy.cost_features import problem_vector
 from gnn_policy.model import ModelConfig, PolicyModel, weights_version
-from gnn_policy.scoring import ConfigTable, config_table, score_all
+from gnn_policy.scoring import ConfigTable, config_table, score_all, scoring_threads
 from gnn_policy.space import TileConfig
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "pretrained.pt"
@@ -160,12 +160,13 @@ class Policy:
         if key in self._scores:
             self._scores.move_to_end(key)
             return self._scores[key]
-        h, mask = self._encode(problem, gpu)
-        dims = problem_vector(problem, gpu)
-        flat, pred = score_all(self.model, self._table(gpu, problem.dtype, dims, weights), h, dims, mask[0])
-        by_flat = torch.full((mask.numel(),), float("-inf")).index_put_((flat,), pred)
-        head, top = pred.topk(min(HEAD, len(pred)))  # a full sort of ~56,000 scores costs 4 ms
-        self._scores[key] = Scores(flat[top], head, by_flat, torch.logsumexp(pred / TEMPERATURE, 0).item())
+        with scoring_threads():
+            h, mask = self._encode(problem, gpu)
+            dims = problem_vector(problem, gpu)
+            flat, pred = score_all(self.model, self._table(gpu, problem.dtype, dims, weights), h, dims, mask[0])
+            by_flat = torch.full((mask.numel(),), float("-inf")).index_put_((flat,), pred)
+            head, top = pred.topk(min(HEAD, len(pred)))  # a full sort of ~56,000 scores costs 4 ms
+            self._scores[key] = Scores(flat[top], head, by_flat, torch.logsumexp(pred / TEMPERATURE, 0).item())
         if len(self._scores) > CACHED:
             self._scores.popitem(last=False)
         return self._scores[key]

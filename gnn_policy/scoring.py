@@ -17,8 +17,11 @@ it varies (the `cost_features.FEATURE_COLUMNS` groups):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +35,27 @@ from gnn_policy.model import LOG_ROOF, PolicyModel
 # where a pass over all rows at once goes to memory and allocates tens of MB anew
 ROWS_PER_CHUNK = 2048
 _RESOURCES = [PROBLEM_FIELDS.index(f) for f in RESOURCE_FIELDS]
+THREADS = "GNN_POLICY_THREADS"
+
+
+@contextlib.contextmanager
+def scoring_threads() -> Iterator[None]:
+    """Run the block with $GNN_POLICY_THREADS torch threads (default 1; 0 leaves torch's setting).
+
+    Scoring is a few hundred small operations. Split over two OpenMP threads while other
+    processes hold the cores, each one waits for a thread the OS has not scheduled yet: a new
+    shape took 940 ms instead of 7 (docs/BENCHMARKS.md, "The bounded cost model"). torch's
+    setting is restored afterwards, for the caller's own work."""
+    wanted = int(os.environ.get(THREADS) or 1)
+    before = torch.get_num_threads()
+    if wanted <= 0 or wanted == before:
+        yield
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclasses.dataclass(frozen=True)

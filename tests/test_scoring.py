@@ -68,3 +68,17 @@ def test_a_config_table_serves_only_the_gpu_and_dtype_it_was_built_for():
     h, mask = Policy(model).encode(p, A100)
     with pytest.raises(ValueError, match="another GPU or dtype"):
         scoring.score_all(model, table, h, problem_vector(p, A100), mask[0])
+
+
+def test_scoring_runs_on_the_threads_asked_for_and_restores_torchs(monkeypatch):
+    before = torch.get_num_threads()
+    seen = []
+    for value, expected in (("1", 1), ("2", 2), ("0", before)):
+        monkeypatch.setenv(scoring.THREADS, value)
+        with scoring.scoring_threads():
+            seen.append(torch.get_num_threads())
+        assert torch.get_num_threads() == before
+        assert seen[-1] == expected
+    monkeypatch.delenv(scoring.THREADS)
+    with scoring.scoring_threads():
+        assert torch.get_num_threads() == 1  # the default
