@@ -9,7 +9,9 @@
   loads), shared memory per stage and occupancy (the resource model of `gnn_policy.space`),
   the tile's arithmetic intensity against the GPU's balance, split-K's partial traffic, the
   variant and the epilogue. They are ratios of integers an MLP over embeddings can only
-  approximate, and they decide the ranking of near-equal configs.
+  approximate, and they decide the ranking of near-equal configs. They are computed in
+  groups by what they read (`FEATURE_COLUMNS`), so that `gnn_policy.scoring` computes each
+  group once per tile shape, variant, GPU or problem rather than once per config.
 """
 from __future__ import annotations
 
@@ -59,17 +61,6 @@ def config_values(space_: ConfigSpace) -> torch.Tensor:
                           c.variant in TMA_VARIANTS, c.variant == "warpspec"] for c in space_], dtype=torch.float64)
 
 
-@functools.lru_cache(maxsize=4)
-def feature_points(space_: ConfigSpace) -> tuple[torch.Tensor, torch.Tensor]:
-    """(distinct rows [U, CONFIG_DIM] float32, row of each point [len(space)]): the points told
-    apart by what `analytic_features` reads. It does not read GROUP_M (an L2 swizzle whose
-    effect the knob's embedding carries), so a problem's features take a quarter of the work."""
-    values = config_values(space_).clone()
-    values[:, CONFIG_FIELDS.index("group_m")] = 0
-    rows, inverse = torch.unique(values, dim=0, return_inverse=True)
-    return rows.float(), inverse
-
-
 def tile_geometry(tiles: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
     """[..., GEOMETRY_DIM] for tile sizes [..., 4] (block_m, block_n, block_k, split_k) and
     `problem_dims` [..., 5] broadcast against them:
@@ -96,30 +87,89 @@ def _access_bytes(lead: torch.Tensor, elem: torch.Tensor, tma: torch.Tensor) -> 
     return torch.where(tma > 0, torch.full_like(lead, VECTOR_BYTES), vector)
 
 
+# The features in groups by what they read, so that `scoring` computes each group where it
+# varies: per tile shape, per variant, per GPU and dtype, per problem. Columns: where each
+# group's features sit among the FEATURE_DIM, the order the trained weights read.
+FEATURE_COLUMNS = {
+    "tile": (0, 1, 2, 3, 4, 5, 6, 17),  # `tile_features`: block_m, block_n, block_k, split_k and the problem
+    "access": (7, 8),  # `access_features`: TMA or not, and the problem's strides
+    "resources": (10, 11, 12, 13, 15, 16, 18, 19),  # `resource_features`: the config, the GPU and the dtype
+    "occupancy": (14,),  # `occupancy_feature`: the config and the problem
+    "problem": (9, 20, 21, 22, 23, 24, 25),  # `problem_features`: the problem alone
+}
+# The problem fields `resource_features` reads: a (GPU, dtype)'s, the same for all its problems
+RESOURCE_FIELDS = ("elem_bytes", "smem_per_sm", "threads_per_sm", "balance")
+
+
+def _fields(problem: torch.Tensor) -> dict[str, torch.Tensor]:
+    return dict(zip(PROBLEM_FIELDS, problem.unbind(-1)))
+
+
+def tile_features(tiles: torch.Tensor, problem: torch.Tensor) -> torch.Tensor:
+    """[..., 8] for tile sizes [..., 4] (as `tile_geometry`) and `problem_vector`s [..., PROBLEM_DIM]:
+    the tile geometry and log1p of split-K's fp32 partial traffic over the problem's minimum."""
+    p, sk = _fields(problem), tiles[..., 3]
+    partials = (sk > 1) * sk * 4 * p["batch"] * p["m"] * p["n"] / p["bytes"]
+    return torch.cat([tile_geometry(tiles, problem[..., :5]), torch.log1p(partials)[..., None]], -1)
+
+
+def access_features(tma: torch.Tensor, problem: torch.Tensor) -> torch.Tensor:
+    """[..., 2]: log2 of the bytes per access of A and B as laid out, / 4, for TMA flags [...]."""
+    p, ones = _fields(problem), torch.ones_like(tma)
+    return torch.stack([torch.log2(_access_bytes(p[lead] * ones, p["elem_bytes"] * ones, tma)) / 4
+                        for lead in ("a_lead", "b_lead")], -1)
+
+
+def _resident(values: torch.Tensor, p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shared memory per stage, programs one SM holds) of configs under the space's resource model."""
+    bm, bn, bk, _, _, warps, stages, _, _ = values.unbind(-1)
+    stage = pipeline_smem(bm, bn, bk, 1, p["elem_bytes"])
+    return stage, resident_programs(stage * stages, warps, p["smem_per_sm"], p["threads_per_sm"]).to(values)
+
+
+def resource_features(values: torch.Tensor, problem: torch.Tensor) -> torch.Tensor:
+    """[..., 8] of configs [..., CONFIG_DIM]; reads only the problem's `RESOURCE_FIELDS`: shared
+    memory per stage and in all, programs resident per SM and their share of its threads,
+    accumulators per thread, the tile's arithmetic intensity against the GPU's balance, the variant."""
+    bm, bn, _, _, _, warps, stages, tma, warpspec = values.unbind(-1)
+    p = _fields(problem)
+    stage, resident = _resident(values, p)
+    acc = accumulators_per_thread(bm, bn, warps, warpspec)
+    intensity = 2 * bm * bn / ((bm + bn) * p["elem_bytes"])  # FLOPs per byte a K step loads
+    return torch.stack([(torch.log2(stage) - 14) / 2, stage * stages / p["smem_per_sm"], torch.log2(resident) / 2,
+                        resident * warps * 32 / p["threads_per_sm"], acc / 128,
+                        torch.log2(intensity / p["balance"]) / 2, tma, warpspec], -1)
+
+
+def occupancy_feature(values: torch.Tensor, problem: torch.Tensor) -> torch.Tensor:
+    """[...]: the share of an SM's threads the problem's tiles keep busy (resident programs,
+    or fewer when the grid has fewer tiles per SM)."""
+    bm, bn, _, sk, _, warps, _, _, _ = values.unbind(-1)
+    p = _fields(problem)
+    count = p["batch"] * torch.ceil(p["m"] / bm) * torch.ceil(p["n"] / bn) * sk
+    active = torch.minimum(_resident(values, p)[1], torch.ceil(count / p["sm_count"]))
+    return active * warps * 32 / p["threads_per_sm"]
+
+
+def problem_features(problem: torch.Tensor) -> torch.Tensor:
+    """[..., 7]: the width of C's stores, the epilogue, how far the roofline is below the peak
+    (memory bound), and the layouts of A and B."""
+    p = _fields(problem)
+    c_width = torch.log2(_access_bytes(p["c_lead"], p["elem_bytes"], torch.zeros_like(p["c_lead"]))) / 4
+    return torch.stack([c_width, p["bias"], p["activation"], p["residual"], p["log_roofline"] - p["log_peak"],
+                        p["a_col"], p["b_col"]], -1)
+
+
 def analytic_features(values: torch.Tensor, problem: torch.Tensor) -> torch.Tensor:
     """[..., FEATURE_DIM] for configs [..., CONFIG_DIM] (`config_values`) and problems
     [..., PROBLEM_DIM] (`problem_vector`) broadcast against them; logs are scaled to about
     unit range, so that no feature dominates the first layer."""
-    bm, bn, bk, sk, _, warps, stages, tma, warpspec = values.unbind(-1)
-    p = dict(zip(PROBLEM_FIELDS, problem.unbind(-1)))
-    geometry = tile_geometry(torch.stack([bm, bn, bk, sk], -1), problem[..., :5])
-    count = p["batch"] * torch.ceil(p["m"] / bm) * torch.ceil(p["n"] / bn) * sk
-    stage = pipeline_smem(bm, bn, bk, 1, p["elem_bytes"])
-    resident = resident_programs(stage * stages, warps, p["smem_per_sm"], p["threads_per_sm"]).to(values)
-    active = torch.minimum(resident, torch.ceil(count / p["sm_count"]))
-    acc = accumulators_per_thread(bm, bn, warps, warpspec)
-    intensity = 2 * bm * bn / ((bm + bn) * p["elem_bytes"])  # FLOPs per byte a K step loads
-    partials = (sk > 1) * sk * 4 * p["batch"] * p["m"] * p["n"] / p["bytes"]  # fp32 split-K traffic / minimum
-    ones = torch.ones_like(bm)
-    feats = [
-        torch.log2(_access_bytes(p["a_lead"] * ones, p["elem_bytes"] * ones, tma)) / 4,
-        torch.log2(_access_bytes(p["b_lead"] * ones, p["elem_bytes"] * ones, tma)) / 4,
-        torch.log2(_access_bytes(p["c_lead"] * ones, p["elem_bytes"] * ones, 0 * tma)) / 4,
-        (torch.log2(stage) - 14) / 2, stage * stages / p["smem_per_sm"],
-        torch.log2(resident) / 2, resident * warps * 32 / p["threads_per_sm"],
-        active * warps * 32 / p["threads_per_sm"], acc / 128,
-        torch.log2(intensity / p["balance"]) / 2, torch.log1p(partials),
-        tma, warpspec, p["bias"] * ones, p["activation"] * ones, p["residual"] * ones,
-        (p["log_roofline"] - p["log_peak"]) * ones, p["a_col"] * ones, p["b_col"] * ones,
-    ]
-    return torch.cat([geometry, torch.stack(feats, -1)], -1)
+    groups = {"tile": tile_features(values[..., :4], problem),
+              "access": access_features(values[..., CONFIG_FIELDS.index("tma")], problem),
+              "resources": resource_features(values, problem),
+              "occupancy": occupancy_feature(values, problem)[..., None], "problem": problem_features(problem)}
+    shape = torch.broadcast_shapes(values.shape[:-1], problem.shape[:-1])
+    out = values.new_empty(*shape, FEATURE_DIM, dtype=torch.promote_types(values.dtype, problem.dtype))
+    for name, columns in FEATURE_COLUMNS.items():
+        out[..., list(columns)] = groups[name]
+    return out

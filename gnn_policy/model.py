@@ -16,9 +16,8 @@
   `cost_model` 1: the problem's roofline on this GPU times a learned efficiency
   sigmoid(MLP) in (0, 1), so no prediction exceeds physics; the MLP also reads
   `cost_features.analytic_features` (waves, padding, K steps, access widths, shared memory,
-  occupancy, the variant, the epilogue). Its first layer is linear in the knob embeddings,
-  so the configs' share of it is computed once per weights and cached (`score_all`): every
-  valid config of a problem is scored in milliseconds.
+  occupancy, the variant, the epilogue). Its first layer is linear in its inputs, which
+  `gnn_policy.scoring` uses to score every valid config of a problem in milliseconds.
 """
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ from torch_geometric.nn import GINEConv, global_max_pool, global_mean_pool
 from graphs.build import EDGE_DIM, NODE_DIM
 from hardware_specs.features import SPEC_DIM
 from gnn_policy.cost_features import (FEATURE_DIM, GEOMETRY_DIM, PROBLEM_DIM, PROBLEM_FIELDS, analytic_features,
-                                      config_values, feature_points, problem_dims, tile_geometry)
+                                      config_values, problem_dims, tile_geometry)
 from gnn_policy.space import ConfigSpace, space
 
 __all__ = ["GEOMETRY_DIM", "ModelConfig", "PolicyModel", "problem_dims", "tile_geometry"]
@@ -62,9 +61,6 @@ class ModelConfig:
 
 TILE_KNOBS = ("block_m", "block_n", "block_k", "split_k")  # the knobs `tile_geometry` reads, in its order
 LOG_ROOF = PROBLEM_FIELDS.index("log_roofline")
-# score_all's rows per step: a chunk's hidden activations stay in the CPU's cache, where one pass over
-# all ~56,000 valid configs of a problem at once ran 3-4x slower (memory bound, 2 cores)
-SCORE_CHUNK = 8192
 
 
 def weights_version(tensors) -> tuple:
@@ -123,10 +119,6 @@ class PolicyModel(nn.Module):
                                      persistent=False)
         if cfg.cost_model == 1:  # knob values for the analytic features (the space defines them)
             self.register_buffer("point_values", config_values(self.space).float(), persistent=False)
-            rows, inverse = feature_points(self.space)
-            self.register_buffer("feature_rows", rows, persistent=False)
-            self.register_buffer("feature_row_of", inverse, persistent=False)
-        self._table: tuple[tuple, torch.Tensor] | None = None  # score_all's cache: (weights' versions, table)
 
     def _cost_feature_dim(self) -> int:
         if self.cfg.cost_model == 1:
@@ -198,44 +190,6 @@ class PolicyModel(nn.Module):
                                  for n, j in zip(TILE_KNOBS, self._tile_knobs)], -1)
             parts.append(tile_geometry(tiles, dims[:, :5].to(tiles)[:, None, :]).to(h.dtype))
         return self.cost_head(torch.cat(parts, -1)).squeeze(-1)
-
-    @torch.no_grad()
-    def score_all(self, h: torch.Tensor, dims: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-        """`cost` [C] of one problem (context h [1, hidden], `problem_vector` dims [PROBLEM_DIM])
-        for the configs at flat grid indices `flat` [C], cost_model 1 only. The cost head's first
-        layer, split by what its input depends on: the configs' part (knob embeddings) from
-        the cached table, the problem's part once, the features' part per config; float32."""
-        if self.cfg.cost_model != 1:
-            raise ValueError("score_all needs a roofline-bounded cost head (ModelConfig.cost_model 1)")
-        first, _, last = self.cost_head
-        hid, knobs = self.cfg.hidden, len(self.space.shape) * self.cfg.knob_embed
-        table, problem_part = self._config_table(), h.reshape(1, -1) @ first.weight[:, :hid].T + first.bias
-        feats = analytic_features(self.feature_rows, dims.to(self.feature_rows)) if self.cfg.cost_features else None
-        w_feats, w_out = first.weight[:, hid + knobs:].T, last.weight[0]
-        raw = torch.empty(len(flat), dtype=table.dtype)
-        for start in range(0, len(flat), SCORE_CHUNK):
-            part = slice(start, start + SCORE_CHUNK)
-            x = table[flat[part]].add_(problem_part)
-            if feats is not None:
-                x.addmm_(feats[self.feature_row_of[flat[part]]], w_feats)
-            torch.mv(x.relu_(), w_out, out=raw[part])
-        return dims[LOG_ROOF].to(raw) + F.logsigmoid(raw + last.bias)
-
-    def _config_table(self) -> torch.Tensor:
-        """[len(space), hidden]: each point's knob embeddings through the cost head's first
-        layer; rebuilt when those weights change (an optimiser step or a load bumps `_version`)."""
-        first, e = self.cost_head[0], self.cfg.knob_embed
-        key = weights_version([emb.weight for emb in self.knob_embed] + [first.weight])
-        if self._table is None or self._table[0] != key:
-            hid, shape = self.cfg.hidden, self.space.shape
-            table = torch.zeros(*shape, hid, dtype=first.weight.dtype, device=first.weight.device)
-            for j, emb in enumerate(self.knob_embed):
-                part = emb.weight @ first.weight[:, hid + j * e:hid + (j + 1) * e].T  # [n_j, hidden]
-                view = [1] * len(shape) + [hid]
-                view[j] = shape[j]
-                table = table + part.reshape(view)
-            self._table = (key, table.reshape(-1, hid))
-        return self._table[1]
 
     @torch.no_grad()
     def beam_search(self, h: torch.Tensor, mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

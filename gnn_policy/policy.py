@@ -6,11 +6,11 @@ probabilities and the cost head's predicted TFLOP/s; `rank` orders configs someo
 proposes, which is what `autotune_pruner` does for `triton.autotune`.
 
 A roofline-bounded cost model (`ModelConfig.cost_model` 1) scores every valid config of the
-problem (`PolicyModel.score_all`): the first pick is the best predicted, the next ones the
+problem (`gnn_policy.scoring`): the first pick is the best predicted, the next ones the
 best of each (variant, SPLIT_K, tile shape) group not yet picked (`diverse_order`), and the
 policy's distribution is softmax(predicted log TFLOP/s / TEMPERATURE) over the valid configs.
 The scores of the last problems are kept (`CACHED` of them), so a shape asked again costs a
-lookup. The first checkpoints (cost_model 0) keep their rule: a beam over the autoregressive
+lookup; so are the config tables of the last (GPU, dtype) pairs (`TABLES`). The first checkpoints (cost_model 0) keep their rule: a beam over the autoregressive
 heads, reranked by the cost head.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from hardware_specs.features import GpuVocab, spec_vector
 from gnn_policy.checkpoint import CheckpointError, model_fields, read_checkpoint, weights_fault
 from gnn_policy.cost_features import problem_vector
 from gnn_policy.model import ModelConfig, PolicyModel, weights_version
+from gnn_policy.scoring import ConfigTable, config_table, score_all, scoring_threads
 from gnn_policy.space import TileConfig
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "pretrained.pt"
@@ -61,6 +62,7 @@ def first_pick(log_probs: Sequence[float], log_tflops: Sequence[float], rerank: 
 
 TEMPERATURE = 0.1  # cost_model 1: p(config) = softmax(predicted log TFLOP/s / TEMPERATURE) over valid configs
 CACHED = 64  # problems whose scores a Policy keeps
+TABLES = 4  # (GPU, dtype) pairs whose `scoring.ConfigTable` a Policy keeps (about 8 MB each)
 HEAD = 1024  # best predicted configs kept in order per problem: where top_k's diverse picks come from
 
 
@@ -115,6 +117,7 @@ class Policy:
         self.model = model.eval()
         self.vocab = GpuVocab(model.cfg.gpu_names)
         self._scores: collections.OrderedDict = collections.OrderedDict()  # (problem, gpu, weights) -> Scores
+        self._tables: collections.OrderedDict = collections.OrderedDict()  # (gpu, dtype, weights) -> ConfigTable
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CHECKPOINT) -> Policy:
@@ -152,19 +155,30 @@ class Policy:
     @torch.no_grad()
     def scores(self, problem: GemmProblem, gpu: GpuSpec) -> Scores:
         """Every valid config scored (cost_model 1), from the cache when the weights are unchanged."""
-        key = (problem, gpu, weights_version(self.model.parameters()))
+        weights = weights_version(self.model.parameters())
+        key = (problem, gpu, weights)
         if key in self._scores:
             self._scores.move_to_end(key)
             return self._scores[key]
-        h, mask = self._encode(problem, gpu)
-        flat = mask.flatten().nonzero().squeeze(1)
-        pred = self.model.score_all(h, problem_vector(problem, gpu), flat)
-        by_flat = torch.full((mask.numel(),), float("-inf")).index_put_((flat,), pred)
-        head, top = pred.topk(min(HEAD, len(pred)))  # a full sort of ~56,000 scores costs 4 ms
-        self._scores[key] = Scores(flat[top], head, by_flat, torch.logsumexp(pred / TEMPERATURE, 0).item())
+        with scoring_threads():
+            h, mask = self._encode(problem, gpu)
+            dims = problem_vector(problem, gpu)
+            flat, pred = score_all(self.model, self._table(gpu, problem.dtype, dims, weights), h, dims, mask[0])
+            by_flat = torch.full((mask.numel(),), float("-inf")).index_put_((flat,), pred)
+            head, top = pred.topk(min(HEAD, len(pred)))  # a full sort of ~56,000 scores costs 4 ms
+            self._scores[key] = Scores(flat[top], head, by_flat, torch.logsumexp(pred / TEMPERATURE, 0).item())
         if len(self._scores) > CACHED:
             self._scores.popitem(last=False)
         return self._scores[key]
+
+    def _table(self, gpu: GpuSpec, dtype: str, dims: torch.Tensor, weights: tuple) -> ConfigTable:
+        key = (gpu, dtype, weights)
+        if key not in self._tables:
+            self._tables[key] = config_table(self.model, self.model.space.mask(gpu, dtype), dims)
+            if len(self._tables) > TABLES:
+                self._tables.popitem(last=False)
+        self._tables.move_to_end(key)
+        return self._tables[key]
 
     @torch.no_grad()
     def top_k(self, problem: GemmProblem, gpu: GpuSpec, k: int = 8) -> list[Pick]:

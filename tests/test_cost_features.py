@@ -1,4 +1,5 @@
-"""The roofline-bounded cost model: its features, its bound, and scoring every valid config."""
+"""The roofline-bounded cost model: its features, its bound, and scores that follow its weights
+(scoring every valid config: tests/test_scoring.py)."""
 import math
 import random
 
@@ -8,8 +9,8 @@ import torch
 import hardware_specs
 from graphs import GemmProblem
 from gnn_policy.calibration import roofline_tflops
-from gnn_policy.cost_features import (CONFIG_FIELDS, FEATURE_DIM, PROBLEM_FIELDS, analytic_features, config_values,
-                                      feature_points, problem_vector)
+from gnn_policy.cost_features import (CONFIG_FIELDS, FEATURE_COLUMNS, FEATURE_DIM, PROBLEM_FIELDS, analytic_features,
+                                      config_values, problem_vector)
 from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.policy import Policy
 from gnn_policy.space import TileConfig, resident_programs, space
@@ -59,21 +60,18 @@ def test_occupancy_uses_the_resource_model_of_the_space():
         assert feats[11] == pytest.approx(smem / H200.smem_per_sm_bytes)
 
 
-def test_the_features_do_not_read_group_m_so_they_are_computed_once_per_row():
-    rows, row_of = feature_points(FULL)
-    assert len(rows) * 4 == len(FULL)  # GROUP_M has four values
-    v = problem_vector(GemmProblem(100, 1000, 4096, b_layout="col"), H200)
-    flat = torch.randperm(len(FULL))[:500]
-    direct = analytic_features(config_values(FULL)[flat].float(), v.float())
-    assert torch.allclose(direct, analytic_features(rows[row_of[flat]], v.float()), atol=1e-6)
-    assert direct.shape == (500, FEATURE_DIM) and torch.isfinite(direct).all()
-    assert CONFIG_FIELDS.index("group_m") == 4
-
-
-@pytest.fixture(scope="module")
-def bounded():
-    torch.manual_seed(0)
-    return PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,), cost_model=1)).eval()
+def test_the_features_read_what_scoring_computes_them_from():
+    values = config_values(FULL).float()
+    a, b = GemmProblem(100, 1000, 4096, b_layout="col"), GemmProblem(4096, 14336, 16, bias=True, activation="gelu")
+    fa, fb = (analytic_features(values, problem_vector(p, H200).float()) for p in (a, b))
+    assert fa.shape == (len(FULL), FEATURE_DIM) and torch.isfinite(fa).all()
+    # not GROUP_M: configs that differ in it alone have the same features
+    by_group = fa.reshape(*FULL.shape, FEATURE_DIM).movedim(CONFIG_FIELDS.index("group_m"), 0)
+    assert all(torch.equal(by_group[0], g) for g in by_group[1:])
+    # the resource group reads only the GPU and the dtype of a problem: one table serves all
+    resources = list(FEATURE_COLUMNS["resources"])
+    assert torch.equal(fa[:, resources], fb[:, resources]) and not torch.equal(fa, fb)
+    assert sorted(c for cols in FEATURE_COLUMNS.values() for c in cols) == list(range(FEATURE_DIM))
 
 
 def test_no_prediction_exceeds_the_roofline():
@@ -91,21 +89,6 @@ def test_no_prediction_exceeds_the_roofline():
             assert s.log_tflops.exp().max().item() <= roof * (1 + 1e-5)
             picks = policy.top_k(p, gpu, 4)
             assert picks and all(x.predicted_tflops <= roof * (1 + 1e-5) for x in picks)
-
-
-def test_score_all_is_the_cost_head_on_every_valid_config(bounded):
-    policy = Policy(bounded)
-    p = GemmProblem(100, 1000, 4096, bias=True, activation="silu", b_layout="col")
-    h, mask = policy.encode(p, H200)
-    flat = mask.flatten().nonzero().squeeze(1)
-    with torch.no_grad():
-        fast = bounded.score_all(h, problem_vector(p, H200), flat)
-        idx = torch.stack(torch.unravel_index(flat, FULL.shape), -1)
-        slow = torch.cat([policy.cost(h, p, H200, idx[None, i:i + 4096])[0] for i in range(0, len(idx), 4096)])
-    assert torch.allclose(fast, slow, atol=1e-4)
-    s = policy.scores(p, H200)
-    assert torch.isfinite(s.by_flat).sum() == mask.sum()  # every valid config is scored, no other
-    assert s.order[0].item() == flat[slow.argmax()].item()  # the first pick is the best predicted of all
 
 
 def test_the_config_table_follows_the_weights():

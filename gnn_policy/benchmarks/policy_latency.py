@@ -2,16 +2,21 @@
 
     python -m gnn_policy.benchmarks.policy_latency --checkpoint checkpoints/pretrained.pt
 
-The first call of a process also builds the GPU's validity mask for the dtype and, for a
-bounded cost model, its config table (reported apart as `cold`). Then for `--shapes` random
-shapes never asked before (random layouts and epilogues, bf16), the first call (`new`: encode,
-score every valid config, pick) and a second call (`cached`) are timed; median and worst, ms.
+`load_ms`: `Policy.load`. `cold_ms`: the first call of each dtype in a process, which also
+builds the GPU's validity mask for the dtype and, for a bounded cost model, its config table.
+Then each of `SHAPES` (aligned model shapes, odd sizes, short K, batched; each with row- and
+column-major B, in bf16 and fp16: 48 problems) is timed `--repeats` times as a new shape
+(`new`: the policy's cache of scores emptied first, so it encodes, scores every valid config
+and picks) and as a shape asked before (`cached`). Reported: the median over the shapes of
+each shape's median, the worst shape's median and the worst single call, in ms of wall time
+and of this process's CPU time (CPU time well below wall time means other processes held the
+cores), with torch's thread count and the load average before and after.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import os
 import statistics
 import time
 
@@ -21,40 +26,71 @@ import hardware_specs
 from graphs import GemmProblem
 from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
+SIZES = (  # (batch, M, N, K)
+    (1, 1, 4096, 4096),  # decode
+    (1, 16, 14336, 4096),  # decode, an MLP's up projection
+    (1, 1, 128256, 4096),  # an LM head
+    (1, 4096, 4096, 4096),
+    (1, 8192, 8192, 8192),
+    (1, 3000, 5120, 13824),  # an odd token count
+    (1, 77, 1000, 333),  # odd everything: no TMA, narrow pointer loads
+    (1, 1000, 1000, 1000),  # rows of 1000 elements
+    (1, 8191, 16383, 127),  # odd, short K
+    (1, 8192, 8192, 16),  # K of one tile: few valid configs
+    (8, 512, 512, 64),  # batched, attention-like
+    (32, 128, 128, 4096),  # batched
+)
+EPILOGUES = ({}, {"bias": True, "activation": "gelu"}, {"activation": "silu", "residual": True})
+SHAPES = tuple(GemmProblem(m, n, k, batch=batch, dtype=dtype, b_layout=layout, **EPILOGUES[i % len(EPILOGUES)])
+               for dtype in ("bf16", "fp16") for layout in ("row", "col") for i, (batch, m, n, k) in enumerate(SIZES))
 
-def _shape(rng: random.Random) -> GemmProblem:
-    return GemmProblem(rng.randint(1, 8192), rng.randint(64, 16384), rng.randint(64, 16384),
-                       b_layout=rng.choice(["row", "col"]), bias=rng.random() < 0.5,
-                       activation=rng.choice([None, "gelu", "silu"]))
+
+def _timed(fn) -> tuple[float, float]:
+    """(wall ms, CPU ms) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
 
 
-def measure(policy: Policy, gpu, shapes: int, k: int, seed: int) -> dict:
-    rng = random.Random(seed)
-    start = time.perf_counter()
-    policy.top_k(GemmProblem(4096, 4096, 4096), gpu, k)
-    cold = time.perf_counter() - start
+def _summary(per_shape: list[list[tuple[float, float]]]) -> dict:
+    out = {}
+    for i, clock in enumerate(("wall", "cpu")):
+        medians = [statistics.median(t[i] for t in times) for times in per_shape]
+        out[clock] = {"median": round(statistics.median(medians), 2), "worst_shape": round(max(medians), 2),
+                      "worst_call": round(max(t[i] for times in per_shape for t in times), 2)}
+    return out
+
+
+def measure(policy: Policy, gpu, k: int, repeats: int) -> dict:
+    cold = {}
+    for dtype in dict.fromkeys(p.dtype for p in SHAPES):
+        cold[dtype] = round(_timed(lambda: policy.top_k(GemmProblem(4096, 4096, 4096, dtype=dtype), gpu, k))[0], 1)
     new, cached = [], []
-    for _ in range(shapes):
-        p = _shape(rng)
-        for times in (new, cached):
-            start = time.perf_counter()
-            policy.top_k(p, gpu, k)
-            times.append((time.perf_counter() - start) * 1e3)
-    return {"cold_ms": round(cold * 1e3, 1), "shapes": shapes, "k": k, "threads": torch.get_num_threads(),
-            **{f"{name}_ms": {"median": round(statistics.median(t), 2), "max": round(max(t), 2)}
-               for name, t in (("new", new), ("cached", cached))}}
+    for p in SHAPES:
+        new.append([])
+        for _ in range(repeats):
+            policy._scores.clear()  # a new shape for the policy; the GPU's masks and tables stay built
+            new[-1].append(_timed(lambda: policy.top_k(p, gpu, k)))
+        cached.append([_timed(lambda: policy.top_k(p, gpu, k)) for _ in range(repeats)])
+    return {"cold_ms": cold, "shapes": len(SHAPES), "repeats": repeats, "k": k,
+            "new_ms": _summary(new), "cached_ms": _summary(cached)}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--gpu", default="h200")
-    ap.add_argument("--shapes", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
     ns = ap.parse_args(argv)
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
     policy = Policy.load(ns.checkpoint)
-    print(json.dumps(measure(policy, hardware_specs.load(ns.gpu), ns.shapes, ns.k, ns.seed), indent=1))
+    load_ms = round((time.perf_counter() - start) * 1e3, 1)
+    result = measure(policy, hardware_specs.load(ns.gpu), ns.k, ns.repeats)
+    print(json.dumps({"load_ms": load_ms, **result, "torch_threads": torch.get_num_threads(),
+                      "scoring_threads": os.environ.get("GNN_POLICY_THREADS", "default"),
+                      "loadavg_before_after": [load_before, os.getloadavg()[0]]}, indent=1))
 
 
 if __name__ == "__main__":
