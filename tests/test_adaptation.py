@@ -1,5 +1,6 @@
 """The fine-tune's adaptation and its guard: what each strategy moves, and the cross-fit over the tuning
 problems that keeps only adaptations that pick better."""
+import dataclasses
 import math
 import random
 
@@ -17,7 +18,7 @@ from training import adaptation
 from training.adaptation import CALIBRATION, AdaptPlan, Adapter
 from training.guard import CheckResult, calibrated_only, cross_fit, pick_fraction
 
-WHOLE = AdaptPlan(steps=20)
+WHOLE = AdaptPlan("whole", steps=20)
 
 H200 = hardware_specs.load("h200")
 PROBLEMS = [GemmProblem(m=m, n=1024, k=512) for m in (16, 64, 256, 1024)]
@@ -101,7 +102,7 @@ def test_the_real_adaptation_moves_only_the_copy_and_gives_the_same_answer_twice
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     with _db(tmp_path, {i: 8 for i in range(4)}) as db:
         rng = torch.random.get_rng_state()
-        fast = AdaptPlan(steps=3, lr=1e-2)
+        fast = AdaptPlan("whole", steps=3, lr=1e-2)
         first = cross_fit(policy, PROBLEMS, H200, db, "real", fast, rounds=1, seed=0)
         assert torch.equal(torch.random.get_rng_state(), rng)  # the caller's random stream is left alone
         torch.rand(5)  # whatever ran before, the answer is the same
@@ -196,3 +197,14 @@ def test_the_calibration_a_guard_falls_back_to_is_fitted_from_the_start_on_every
     assert {k for k in before if not torch.equal(before[k], after[k])} == set(CALIBRATION)
     assert all(torch.equal(after[k], two.model.state_dict()[k]) for k in after)  # seeded: the same weights twice
     assert all(torch.equal(before[k], v) for k, v in bounded.model.state_dict().items())  # the start is untouched
+
+
+def test_a_stage_that_loses_on_one_fold_is_kept_only_where_the_pooled_score_alone_decides():
+    folds = ({"start": 0.9, "calibrated": 0.95, "adapted": 0.99}, {"start": 0.9, "calibrated": 0.92, "adapted": 0.85})
+    pooled = CheckResult(0.9, 0.92, 8, calibrated=0.935, folds=folds, every_fold=False)
+    assert pooled.kept == "calibrated"  # the adapted 0.92 does not beat the calibration's 0.935
+    gain_everywhere = dataclasses.replace(pooled, adapted=0.94)
+    assert gain_everywhere.kept == "adapted"
+    # under every_fold the adapted copies lose on the second fold (0.85 < 0.92), so the calibration stays
+    assert dataclasses.replace(gain_everywhere, every_fold=True).kept == "calibrated"
+    assert CheckResult(None, None, 0, every_fold=True).kept == "start"

@@ -76,7 +76,10 @@ def test_a_count_budget_is_spent_exactly_never_more(tmp_path, ckpt, monkeypatch)
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)  # the fake runner stands in for the H200
     card = run(_args(tmp_path, ckpt, budget="13"))
     assert card["spent_measurements"] == 13 == _rows(tmp_path)
-    assert (tmp_path / "out" / "h200.pt").exists() and card["grad_norm_mean"]["supervised"] > 0
+    assert (tmp_path / "out" / "h200.pt").exists() and card["grad_norm_mean"]["calibration"] > 0  # the default
+    whole = run(_args(tmp_path, ckpt, budget="13", strategy="whole", output=str(tmp_path / "w"),
+                      db=str(tmp_path / "w.sqlite")))
+    assert whole["grad_norm_mean"]["supervised"] > 0 and "calibration" not in whole["grad_norm_mean"]
 
 
 def test_no_snapshot_refuses_a_database_with_earlier_rows_of_the_gpu(tmp_path, ckpt):
@@ -117,12 +120,12 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
 
 def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
-    real_adapt = _kill_at_call(monkeypatch, "adapt", 2, adaptation)  # after round 2's measurements, before its adaptation
+    real_adapt = _kill_at_call(monkeypatch, "calibrate", 2, adaptation)  # after round 2's measurements, before its adaptation
     with pytest.raises(Interrupted, match="run the same command again to resume"):
         run(_args(tmp_path, ckpt, budget="12", rounds=3))
     spent_before = _rows(tmp_path)
     assert 0 < spent_before <= 12
-    monkeypatch.setattr(adaptation, "adapt", real_adapt)
+    monkeypatch.setattr(adaptation, "calibrate", real_adapt)
     original, loaded = Policy.load.__func__, []
     monkeypatch.setattr(Policy, "load", classmethod(lambda cls, path: (loaded.append(str(path)), original(cls, path))[1]))
     card = run(_args(tmp_path, ckpt, budget="12", rounds=3))

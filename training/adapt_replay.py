@@ -33,7 +33,7 @@ from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.policy import Policy, diverse_order
 from training.finetune import FinetuneArgs, run
-from training.guard import MIN_SCORED, calibrated_only, cross_fit, first_choice, usable
+from training.guard import EVERY_FOLD, MIN_SCORED, calibrated_only, cross_fit, first_choice, usable
 
 EVAL_PROBLEMS = 40  # transfer's --problems
 MIN_SCORED_JUDGED = (2, 4)  # the guard's cross-fit is asked under each: how many configs a judged problem needs
@@ -103,28 +103,35 @@ def replay_run(db: Database, db_path: str, gpu: str, checkpoint: str, strategy: 
            "unguarded": dataclasses.asdict(score(adapted, spec, db, problems))}
     with Database(args.db) as own:
         for least in MIN_SCORED_JUDGED:
-            verdict = cross_fit(start, tuned, spec, own, "real", args.plan, args.rounds, seed, min_scored=least)
-            if verdict.kept not in figures:
-                figures[verdict.kept] = calibrated_only(start, tuned, spec, own, "real", args.plan, args.rounds, seed)
-            kept = verdict.kept
-            out[f"guard{least}"] = {"kept": kept, "verdict": dataclasses.asdict(verdict),
-                                    "score": out["unguarded"] if kept == "adapted" else out["start"] if kept == "start"
-                                    else dataclasses.asdict(score(figures[kept], spec, db, problems))}
+            judged = cross_fit(start, tuned, spec, own, "real", args.plan, args.rounds, seed, min_scored=least)
+            for every in (False, True):
+                verdict = dataclasses.replace(judged, every_fold=every)
+                kept = verdict.kept
+                if kept not in figures:
+                    figures[kept] = calibrated_only(start, tuned, spec, own, "real", args.plan, args.rounds, seed)
+                out[_guard_key(least, every)] = {
+                    "kept": kept, "verdict": dataclasses.asdict(verdict),
+                    "score": out["unguarded"] if kept == "adapted" else out["start"] if kept == "start"
+                    else dataclasses.asdict(score(figures[kept], spec, db, problems))}
     return out
 
 
-def summarise(runs: list[dict], least: int = MIN_SCORED) -> str:
+def _guard_key(least: int, every_fold: bool) -> str:
+    return f"guard{least}" + ("-every-fold" if every_fold else "")
+
+
+def summarise(runs: list[dict], least: int = MIN_SCORED, every_fold: bool = EVERY_FOLD) -> str:
     """Markdown: per target, checkpoint and strategy, top-1 / best of 8 by budget (means over
     seeds, the top-1 range in brackets), unguarded and guarded (judging problems with at least
-    `least` configs), and what each guarded run kept (a: adapted, c: the calibration alone,
-    s: the start). B = 0 is each seed's start on its evaluation problems."""
+    `least` configs; with `every_fold`, a stage no worse on any fold), and what each guarded run
+    kept (a: adapted, c: the calibration alone, s: the start). B = 0 is each seed's start on its evaluation problems."""
     budgets = sorted({r["budget"] for r in runs})
     lines = ["| GPU | checkpoint | strategy | guard | B=0 | " + " | ".join(f"B={b}" for b in budgets) + " |",
              "|---|---|---|---|---|" + "---|" * len(budgets)]
     for gpu, ck, strategy in dict.fromkeys((r["gpu"], r["checkpoint"], r["strategy"]) for r in runs):
         mine = [r for r in runs if (r["gpu"], r["checkpoint"], r["strategy"]) == (gpu, ck, strategy)]
         first = [r for r in mine if r["budget"] == min(x["budget"] for x in mine)]
-        for guard in ("unguarded", f"guard{least}"):
+        for guard in ("unguarded", _guard_key(least, every_fold)):
             cells = [_cell([r["start"] for r in first])]
             for b in budgets:
                 cell = [r for r in mine if r["budget"] == b]
@@ -135,7 +142,8 @@ def summarise(runs: list[dict], least: int = MIN_SCORED) -> str:
                 else:
                     cells.append(_cell([r[guard]["score"] for r in cell]) + ", kept "
                                  + " ".join(r[guard]["kept"][0] for r in cell))
-            name = "unguarded" if guard == "unguarded" else f"guarded ({least}+ configs)"
+            name = "unguarded" if guard == "unguarded" else \
+                f"guarded ({least}+ configs" + (", every fold)" if every_fold else ")")
             lines.append(f"| {gpu} | {Path(ck).stem} | {strategy} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             with tempfile.TemporaryDirectory() as work:
                 runs.append(replay_run(db, ns.db, gpu, ck, strategy, budget, seed, Path(work), ns.split, **settings))
             out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")  # a killed call keeps what finished
-    print("\n\n".join(summarise(runs, least) for least in MIN_SCORED_JUDGED))
+    print("\n\n".join(summarise(runs, least, every) for least in MIN_SCORED_JUDGED for every in (False, True)))
 
 
 if __name__ == "__main__":

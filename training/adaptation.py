@@ -35,7 +35,7 @@ STRATEGIES = {"whole": ("whole",), "calibrate": ("calibrate",), "calibrate-whole
 class AdaptPlan:
     """How a fine-tune adapts after each round (stored in its state and card)."""
 
-    strategy: str = "whole"  # a key of STRATEGIES
+    strategy: str = "calibrate"  # a key of STRATEGIES; why this one: docs/BENCHMARKS.md, "Adapting the bounded ..."
     steps: int = 5  # whole-network steps a round, as many as Reptile's inner loop takes
     lr: float = 3e-4  # the whole network's Adam learning rate
     calibration_steps: int = 20  # calibration steps a round

@@ -69,9 +69,9 @@ class FinetuneArgs:
     split: str = flag("train", "suite split the tuning problems come from", check=one_of(*SPLIT_NAMES))
     problems: int = flag(8, "tuning problems, spread over the split's families", check=at_least(1))
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over", check=at_least(1))
-    strategy: str = flag("whole", "what adapts: whole (every weight), calibrate (the GPU embedding and the cost "
-                                  "head's last layer alone), calibrate-whole (the calibration, then every weight)",
-                         check=one_of(*STRATEGIES))
+    strategy: str = flag("calibrate", "what adapts: calibrate (the GPU embedding and the cost head's last layer "
+                                      "alone), whole (every weight), calibrate-whole (the calibration, then every "
+                                      "weight)", check=one_of(*STRATEGIES))
     steps: int = flag(5, "whole-network gradient steps after each round: as many as Reptile's inner loop takes",
                       check=at_least(0))
     lr: float = flag(3e-4, "learning rate of the whole-network steps", check=positive)

@@ -25,6 +25,9 @@ from training.adaptation import AdaptPlan, Adapter
 # transfer fingerprints fine-tunes by finetune.ADAPT_VERSION, not by these: a change to either needs a bump there
 FOLDS = 2  # on replayed val labels, 4 and 8 (leave one out) decided wrongly more often, and cost more (BENCHMARKS)
 MIN_SCORED = 2  # correct configs a held-out problem needs before a pick among them says anything
+# a stage must also pick no worse on any fold: on replayed labels this kept calibrations from hurting
+# at B = 64 where the pooled geomean alone kept some that did (docs/BENCHMARKS.md)
+EVERY_FOLD = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +36,8 @@ class CheckResult:
     adapted: float | None  # the same for the copies after every stage of the plan, each adapted on the other folds
     scored: int  # held-out problems with at least MIN_SCORED correct configs (0: nothing to judge by)
     calibrated: float | None = None  # `calibrate-whole`: the copies after the calibration stage alone
+    folds: tuple[dict[str, float], ...] = ()  # the same three geomeans on each fold's held-out problems alone
+    every_fold: bool = EVERY_FOLD  # a stage must also be no worse on any fold than what it replaces
 
     @property
     def kept(self) -> str:
@@ -40,9 +45,11 @@ class CheckResult:
         if not self.scored:
             return "start"
         kept, best = "start", self.start
-        if self.calibrated is not None and self.calibrated > best:
-            kept, best = "calibrated", self.calibrated
-        return "adapted" if self.adapted > best else kept
+        for stage, score in (("calibrated", self.calibrated), ("adapted", self.adapted)):
+            if score is not None and score > best and (
+                    not self.every_fold or all(f[stage] >= f[kept] for f in self.folds)):
+                kept, best = stage, score
+        return kept
 
     @property
     def keep_adapted(self) -> bool:
@@ -97,11 +104,13 @@ def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rou
     failed = db.failed_configs(spec.name, source)
     parts = [problems[i::folds] for i in range(folds)]
     scores: dict[str, list[float]] = {"start": [], "calibrated": [], "adapted": []}
+    by_fold = []
     with torch.random.fork_rng(devices=[]):  # the same answer on a re-entered run, whatever ran before
         torch.manual_seed(seed)
         for i, held in enumerate(parts):
             learn = [p for j, part in enumerate(parts) if j != i for p in part]
-            scored = [(p, s) for p in held if (s := pick_fraction(start, p, spec, figures[p.key], min_scored)) is not None]
+            scored = [(p, s) for p in held
+                      if (s := pick_fraction(start, p, spec, figures[p.key], min_scored)) is not None]
             if not scored:
                 continue
             adapter = Adapter(copy.deepcopy(start), plan)
@@ -111,15 +120,18 @@ def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rou
             for p in learn:
                 outcome = {**figures[p.key], **dict.fromkeys(failed.get(p.key, ()))}
                 measured[p.key] = {c.key: outcome[c.key] for c in usable(start, p, spec, outcome)}
-            scores["start"] += [s for _, s in scored]
+            fold = {"start": [s for _, s in scored]}
             for n, stage in enumerate(plan.stages):
                 adapter.stage(stage, learn, spec, db, source, measured, {}, rounds)
                 name = "adapted" if n == len(plan.stages) - 1 else "calibrated"
-                scores[name] += [pick_fraction(adapter.policy, p, spec, figures[p.key]) for p, _ in scored]
+                fold[name] = [pick_fraction(adapter.policy, p, spec, figures[p.key]) for p, _ in scored]
+            for name, values in fold.items():
+                scores[name] += values
+            by_fold.append({name: _geomean(values) for name, values in fold.items()})
     if not scores["start"]:
         return CheckResult(None, None, 0)
     return CheckResult(_geomean(scores["start"]), _geomean(scores["adapted"]), len(scores["start"]),
-                       _geomean(scores["calibrated"]) if scores["calibrated"] else None)
+                       _geomean(scores["calibrated"]) if scores["calibrated"] else None, tuple(by_fold))
 
 
 def calibrated_only(start, problems: list, spec, db, source: str, plan: AdaptPlan, rounds: int, seed: int):
