@@ -75,7 +75,7 @@ class MetaPretrainArgs:
     geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps; --cost-model 0)",
                           off="the cost head reads no tile geometry (as the first checkpoints)")
     cost_model: int = flag(1, "1: roofline-bounded cost head reading the analytic features, as pretrained.pt; "
-                              "0: the first checkpoints' unbounded head (meta.pt and plain.pt before 2026-12-05)",
+                              "0: the first checkpoints' unbounded head (meta-cost0.pt, plain-cost0.pt)",
                            check=cost_model_flag)
     cost_listwise: float = flag(3.0, "weight of the cost head's listwise loss, as `gnn-policy pretrain`'s",
                                 check=at_least(0, float))
