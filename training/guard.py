@@ -9,8 +9,9 @@ as many steps as the run took in all), and the copy and the start then pick, by 
 first-pick rule, among each held-out problem's measured configs. Scores are the geomean of the
 pick's TFLOP/s over the best measured. Under `calibrate-whole` the copy is also scored after
 its calibration, so the run can keep the calibration alone where the whole network's steps
-do not add to it. A stage is kept only where it scores above everything before it; otherwise
-the run falls back to the best earlier weights, the start's at worst. A problem with fewer
+do not add to it. A stage is kept only where it scores above everything before it over all
+held-out problems and, with EVERY_FOLD, no worse on any fold; otherwise the run falls back to
+the best earlier weights, the start's at worst. A problem with fewer
 than two correct configs cannot show a ranking and is not scored.
 """
 from __future__ import annotations
