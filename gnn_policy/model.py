@@ -48,7 +48,7 @@ class ModelConfig:
     gpu_dropout: float = 0.3
     space: str = "full"
     geometry: bool = True  # cost_model 0: the cost head reads `tile_geometry` (checkpoints before it: False)
-    cost_model: int = 0  # 0: unbounded cost head (meta.pt, plain.pt and older); 1: roofline x efficiency
+    cost_model: int = 0  # 0: unbounded cost head (meta-cost0.pt, plain-cost0.pt and older); 1: roofline x efficiency
     cost_features: bool = True  # cost_model 1: read `analytic_features` (False: an ablation)
     encoder: str = "gnn"  # "mlp": the same node features, no message passing (an ablation)
 

@@ -12,11 +12,22 @@ from gnn_policy.database import Database
 from gnn_policy.interrupts import Interrupted
 from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.policy import Policy
-from training import adaptation, finetune
-from training.adaptation import CheckResult
+from training import adaptation, finetune, guard
+from training.adaptation import CALIBRATION
+from training.guard import CheckResult
 from training.finetune import Budget, FinetuneArgs, FinetuneError, check_gpu, run
 
 H200 = hardware_specs.load("h200")
+
+
+@pytest.fixture()
+def bounded_ckpt(tmp_path):
+    """A bounded (cost_model 1) start with a learned embedding for another GPU: the H200 is new to it."""
+    torch.manual_seed(0)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=("A100-SXM4-80GB",), cost_model=1))
+    path = tmp_path / "bounded.pt"
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+    return path
 
 
 @pytest.fixture()
@@ -65,7 +76,10 @@ def test_a_count_budget_is_spent_exactly_never_more(tmp_path, ckpt, monkeypatch)
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)  # the fake runner stands in for the H200
     card = run(_args(tmp_path, ckpt, budget="13"))
     assert card["spent_measurements"] == 13 == _rows(tmp_path)
-    assert (tmp_path / "out" / "h200.pt").exists() and card["grad_norm_mean"]["supervised"] > 0
+    assert (tmp_path / "out" / "h200.pt").exists() and card["grad_norm_mean"]["calibration"] > 0  # the default
+    whole = run(_args(tmp_path, ckpt, budget="13", strategy="whole", output=str(tmp_path / "w"),
+                      db=str(tmp_path / "w.sqlite")))
+    assert whole["grad_norm_mean"]["supervised"] > 0 and "calibration" not in whole["grad_norm_mean"]
 
 
 def test_no_snapshot_refuses_a_database_with_earlier_rows_of_the_gpu(tmp_path, ckpt):
@@ -106,12 +120,12 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
 
 def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
-    real_adapt = _kill_at_call(monkeypatch, "adapt", 2, adaptation)  # after round 2's measurements, before its adaptation
+    real_adapt = _kill_at_call(monkeypatch, "calibrate", 2, adaptation)  # after round 2's measurements, before its adaptation
     with pytest.raises(Interrupted, match="run the same command again to resume"):
         run(_args(tmp_path, ckpt, budget="12", rounds=3))
     spent_before = _rows(tmp_path)
     assert 0 < spent_before <= 12
-    monkeypatch.setattr(adaptation, "adapt", real_adapt)
+    monkeypatch.setattr(adaptation, "calibrate", real_adapt)
     original, loaded = Policy.load.__func__, []
     monkeypatch.setattr(Policy, "load", classmethod(lambda cls, path: (loaded.append(str(path)), original(cls, path))[1]))
     card = run(_args(tmp_path, ckpt, budget="12", rounds=3))
@@ -129,7 +143,7 @@ def test_the_guard_falls_back_to_the_start_unless_the_cross_fit_says_the_adaptat
         tmp_path, ckpt, monkeypatch, verdict, kept):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
     calls = []
-    monkeypatch.setattr(adaptation, "cross_fit", lambda *a, **k: (calls.append(a), verdict)[1])
+    monkeypatch.setattr(guard, "cross_fit", lambda *a, **k: (calls.append(a), verdict)[1])
     card = run(_args(tmp_path, ckpt, budget="12", lr=1e-2))
     start, final = (torch.load(p, weights_only=True)["state_dict"] for p in (ckpt, tmp_path / "out" / "h200.pt"))
     assert card["guard"]["kept"] == kept and card["guard"]["scored"] == verdict.scored
@@ -218,7 +232,7 @@ def test_a_replay_answers_with_the_figure_best_known_uses_and_a_failure_only_wit
     from gnn_policy.measure.replay import ReplayPool
     from gnn_policy.measure.result import Measurement
     from gnn_policy.search import valid_configs
-    from gnn_policy.space import space
+    from gnn_policy.space import TileConfig, space
     from graphs import GemmProblem
 
     problem = GemmProblem(64, 4096, 4096)
@@ -235,3 +249,52 @@ def test_a_replay_answers_with_the_figure_best_known_uses_and_a_failure_only_wit
     assert {k: replayed[k].tflops for k in (a.key, b.key)} == {a.key: best[a.key], b.key: best[b.key]} == \
         {a.key: 100.0, b.key: 100.0}
     assert replayed[c.key].status == "timeout" and replayed[c.key].tflops is None
+
+
+def _moved(start_path, final_path) -> set[str]:
+    start, final = (torch.load(p, weights_only=True)["state_dict"] for p in (start_path, final_path))
+    return {k for k in start if not torch.equal(start[k], final[k])}
+
+
+def test_a_calibration_fine_tune_round_trips_a_checkpoint_that_differs_from_the_start_in_the_calibration_alone(
+        tmp_path, bounded_ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    card = run(_args(tmp_path, bounded_ckpt, budget="12", strategy="calibrate", calibration_lr=1e-2, guard=False))
+    out = tmp_path / "out" / "h200.pt"
+    assert card["args"]["strategy"] == "calibrate" and len(card["grad_norm_mean"]) == 1
+    assert Policy.load(out).model.cfg == Policy.load(bounded_ckpt).model.cfg  # loads as the start's architecture
+    assert _moved(bounded_ckpt, out) == set(CALIBRATION)
+
+
+def test_a_guard_that_finds_only_the_calibration_helps_keeps_it_alone(tmp_path, bounded_ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    monkeypatch.setattr(guard, "cross_fit", lambda *a, **k: CheckResult(0.8, 0.7, 3, calibrated=0.9))
+    card = run(_args(tmp_path, bounded_ckpt, budget="12", strategy="calibrate-whole", calibration_lr=1e-2))
+    assert card["guard"]["kept"] == "calibrated"
+    assert _moved(bounded_ckpt, tmp_path / "out" / "h200.pt") == set(CALIBRATION)  # the whole network's steps undone
+
+
+def test_a_problems_measurements_take_turns_over_the_top_pick_the_doubt_and_a_neighbour_of_the_best(bounded_ckpt):
+    import random
+
+    from gnn_policy.search import valid_configs
+    from gnn_policy.space import TileConfig, space
+    from graphs import GemmProblem
+    from training.finetune_measure import ENSEMBLE_TOP, _candidates, _ensemble
+
+    policy, problem = Policy.load(bounded_ckpt), GemmProblem(64, 1024, 1024)
+    offered = {c.key for c in valid_configs(space("full"), H200, problem)[:300]}
+    configs = [TileConfig.from_key(k) for k in sorted(offered)]
+    members = _ensemble(policy, problem, H200, configs)
+    by_pred = members[0].argsort(descending=True).tolist()
+    top = _candidates(policy, problem, H200, {}, 1, random.Random(0), offered)
+    assert top == [configs[by_pred[0]]]  # nothing measured yet: the would-be first pick
+    known = {top[0].key: 100.0}
+    doubt = _candidates(policy, problem, H200, known, 1, random.Random(0), offered)[0]
+    rest = [i for i in by_pred if configs[i].key not in known][:ENSEMBLE_TOP]
+    spread = (members[:, rest] - members[:, rest].max(1, keepdim=True).values).std(0)
+    assert doubt == configs[rest[int(spread.argmax())]]  # second: where the embeddings disagree most
+    known[doubt.key] = 50.0
+    near = _candidates(policy, problem, H200, known, 1, random.Random(0), offered)[0]
+    index = policy.model.space.index
+    assert sum(a != b for a, b in zip(index(near), index(top[0]))) == 1  # third: a neighbour of the best found

@@ -178,7 +178,7 @@ def test_finetune(measured, monkeypatch, capsys, tmp_path):
             "--steps", "1", "--no-guard", "--checkpoint", str(ckpt), "--db", str(tmp_path / "f.sqlite"),
             "--output", str(tmp_path / "out"), "--no-snapshot", "--no-wandb"]
     capsys.readouterr()
-    _interrupt_at(monkeypatch, adaptation, "adapt", 2)
+    _interrupt_at(monkeypatch, adaptation, "calibrate", 2)  # the default strategy's steps
     assert main(argv) == 130
     line = _one_line(capsys.readouterr().err)
     assert "measurements of this run stored in" in line and "spends only what is left" in line

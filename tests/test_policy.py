@@ -154,8 +154,8 @@ def test_a_bounded_cost_models_distribution_is_a_softmax_over_the_valid_configs(
     assert policy.rank(P, H200, [invalid]) == [(invalid, 0.0)]
 
 
-# picks of the shipped meta.pt and plain.pt (the first checkpoints' model, cost_model 0) on main
-# before the bounded cost model existed: (key, predicted TFLOP/s, probability) of the first three
+# picks of meta-cost0.pt and plain-cost0.pt (shipped as meta.pt and plain.pt until 2026-12-05: the
+# first checkpoints' model, cost_model 0) on main before the bounded cost model existed: (key, predicted TFLOP/s, probability) of the first three
 OLD_PICKS = {
     ("meta", "1x16x4096x4096_bf16_rr_bgelu"): [("bm16_bn32_bk128_sk1_gm16_w4_s5_tma", 63.193, 0.00493),
                                                 ("bm32_bn32_bk256_sk1_gm1_w4_s6_tma", 42.611, 0.02119),
@@ -174,7 +174,7 @@ OLD_PICKS = {
 
 @pytest.mark.parametrize("name", ["meta", "plain"])
 def test_the_shipped_first_checkpoints_pick_exactly_as_before(name):
-    policy = Policy.load(DEFAULT_CHECKPOINT.parent / f"{name}.pt")
+    policy = Policy.load(DEFAULT_CHECKPOINT.parent / f"{name}-cost0.pt")
     assert policy.model.cfg.cost_model == 0 and policy.model.cfg.geometry
     for (ckpt, key), expected in OLD_PICKS.items():
         if ckpt == name:

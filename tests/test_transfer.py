@@ -168,13 +168,13 @@ def test_a_measured_transfer_exports_a_shard_per_run_and_resumes_after_its_time_
 
 
 def test_each_fine_tune_reports_the_weights_its_guard_kept_and_a_fallback_picks_as_b0(tmp_path, monkeypatch):
-    from training import adaptation
-    from training.adaptation import CheckResult
+    from training import guard
+    from training.guard import CheckResult
 
     # the fine-tunes run in the order meta, plain, scratch: meta's adaptation wins the cross-fit,
     # plain's loses it, and scratch's cannot be judged
     verdicts = iter([CheckResult(0.8, 0.9, 2), CheckResult(0.8, 0.7, 2), CheckResult(None, None, 0)])
-    monkeypatch.setattr(adaptation, "cross_fit", lambda *a, **k: next(verdicts))
+    monkeypatch.setattr(guard, "cross_fit", lambda *a, **k: next(verdicts))
     run(_args(tmp_path, lr=0.05))
     rows = list(csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
     kept = {r["method"]: r["kept"] for r in rows if r["budget"] == "4" and r["method"] in ("meta", "plain", "scratch")}

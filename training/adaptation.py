@@ -1,115 +1,133 @@
-"""The fine-tune's adaptation: its gradient steps, and the guard that decides whether to keep them.
+"""The fine-tune's adaptation: the gradient steps it takes after each round of measurements.
 
-`adapt` takes the steps after each round of measurements:
-- REINFORCE with a per-problem mean baseline on this round's measurements. The reward is
-  log(TFLOP/s / best found), floored at log 0.1; a failed config scores log 0.05.
-- The pretraining objective (`training.objective`: listwise, failures, the cost head's
-  ranking and regression) on everything measured so far on this GPU, as in Reptile's inner
-  loop, so the cost head that screens candidates and ranks the first pick adapts too.
+What moves is the strategy (`AdaptPlan.strategy`):
+- `whole`: every weight. REINFORCE with a per-problem mean baseline on this round's
+  measurements (reward log(TFLOP/s / best found), floored at log 0.1; a failed config scores
+  log 0.05), plus the pretraining objective (`training.objective`: listwise, failures, the
+  cost head's ranking and regression) on everything measured so far on this GPU, as in
+  Reptile's inner loop.
+- `calibrate`: only the GPU's calibration (`CALIBRATION`): the GPU embedding the model reads
+  for it and the last layer of the cost head's efficiency MLP, 257 of about 450,000 weights,
+  on the cost head's losses alone (ranking, regression and its listwise loss, as pretrained.pt
+  was trained). A new GPU should differ from the ones the policy learned in a few numbers,
+  and the roofline already carries its spec; a GEMM's structure did not change.
+- `calibrate-whole`: the calibration first, then every weight as `whole`, each round.
 
-`cross_fit` is the guard. A fine-tune learns from a few measurements on 8 problems and is
-used on every other problem of the GPU. On replayed real labels and on both held-out
-targets, it often made the first pick worse on unseen problems (docs/BENCHMARKS.md), so the
-adapted weights must earn their place. The check cross-fits over the tuning problems: they
-are split into FOLDS parts, and for each part a copy of the starting policy adapts on the
-other parts' measurements (`adapt`, as many steps as the run took). The copy and the
-starting policy then pick, by the first-pick rule, among each held-out problem's measured
-configs. The fine-tune keeps its adapted weights only where the copies' picks beat the
-start's on the held-out problems (geomean of the pick's TFLOP/s over the best measured);
-otherwise it falls back to the starting weights. A problem with fewer than two correct
-configs cannot show a ranking and is not scored.
+Whether the adapted weights are kept is the guard's question (`training.guard`).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 
 from gnn_policy.measure.result import CUBLAS
 
-# transfer fingerprints fine-tunes by finetune.ADAPT_VERSION, not by these: a change to either needs a bump there
-FOLDS = 2  # on replayed val labels, 4 and 8 (leave one out) decided wrongly more often, and cost more (BENCHMARKS)
-MIN_SCORED = 2  # correct configs a held-out problem needs before a pick among them says anything
+# transfer fingerprints fine-tunes by finetune.ADAPT_VERSION, not by these: a change to any needs a bump there
 FAILED_REWARD = math.log(0.05)  # below every correct config's reward, which is clipped at log 0.1
 FLOOR_REWARD = math.log(0.1)
+# the GPU's embedding (the unknown GPU's row for a GPU the policy never saw: the only row its
+# gradient reaches) and the efficiency MLP's output layer
+CALIBRATION = ("gpu_embed.weight", "cost_head.2.weight", "cost_head.2.bias")
+STRATEGIES = {"whole": ("whole",), "calibrate": ("calibrate",), "calibrate-whole": ("calibrate", "whole")}
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckResult:
-    start: float | None  # geomean fraction of the start's picks over the scored held-out problems
-    adapted: float | None  # the same for the copies, each adapted on the other folds
-    scored: int  # held-out problems with at least MIN_SCORED correct configs (0: nothing to judge by)
+class AdaptPlan:
+    """How a fine-tune adapts after each round (stored in its state and card)."""
+
+    strategy: str = "calibrate"  # a key of STRATEGIES; why this one: docs/BENCHMARKS.md, "Adapting the bounded ..."
+    steps: int = 5  # whole-network steps a round, as many as Reptile's inner loop takes
+    lr: float = 3e-4  # the whole network's Adam learning rate
+    calibration_steps: int = 20  # calibration steps a round
+    # the calibration's Adam learning rate: on replayed H200 val labels 3e-3 and 1e-2 did worse (BENCHMARKS)
+    calibration_lr: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"adaptation strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}")
 
     @property
-    def keep_adapted(self) -> bool:
-        return self.scored > 0 and self.adapted > self.start
+    def stages(self) -> tuple[str, ...]:
+        return STRATEGIES[self.strategy]
 
 
-def usable(policy, problem, spec, keys) -> list:
-    """The configs of `keys` the policy can give mass to on this problem: in its space and valid
-    by today's rules (a stored row may predate a rule)."""
-    from gnn_policy.space import TileConfig
-
-    space_ = policy.model.space
-    allowed = space_.problem_mask(spec, problem)
-    configs = [c for c in map(TileConfig.from_key, (k for k in keys if k != CUBLAS)) if c in space_]
-    return [c for c in configs if allowed[space_.index(c)]]
+def calibration_parameters(model) -> list:
+    """The parameters `calibrate` moves, in CALIBRATION's order."""
+    named = dict(model.named_parameters())
+    return [named[name] for name in CALIBRATION]
 
 
-def pick_fraction(policy, problem, spec, figures: dict[str, float]) -> float | None:
-    """The first-pick rule's choice among a problem's measured configs, as a fraction of the
-    best of them; None with fewer than MIN_SCORED usable correct configs."""
-    import torch
+class Adapter:
+    """A policy's adaptation across rounds: one Adam per stage, kept from round to round."""
 
-    from gnn_policy.policy import first_pick
+    def __init__(self, policy, plan: AdaptPlan):
+        import torch
 
-    space_ = policy.model.space
-    configs = usable(policy, problem, spec, figures)
-    if len(configs) < MIN_SCORED:
-        return None
-    idx = torch.tensor([space_.index(c) for c in configs])[None]
-    with torch.no_grad():
-        h, mask = policy.encode(problem, spec)
-        logp, cost = policy.model.log_prob(h, idx, mask)[0], policy.cost(h, problem, spec, idx)[0]
-    order = logp.argsort(descending=True).tolist()
-    chosen = configs[order[first_pick([logp[i].item() for i in order], [cost[i].item() for i in order])]]
-    return figures[chosen.key] / max(figures[c.key] for c in configs)
+        self.policy, self.plan = policy, plan
+        self.optimisers = {"whole": torch.optim.Adam(policy.model.parameters(), lr=plan.lr),
+                           "calibrate": torch.optim.Adam(calibration_parameters(policy.model), lr=plan.calibration_lr)}
+
+    def round(self, problems: list, spec, db, source: str, measured: dict, norms: dict) -> None:
+        """The plan's stages after a round whose new measurements are `measured`."""
+        for stage in self.plan.stages:
+            self.stage(stage, problems, spec, db, source, measured, norms)
+
+    def stage(self, stage: str, problems: list, spec, db, source: str, measured: dict, norms: dict,
+              rounds: int = 1) -> None:
+        """One stage's steps; `rounds` times as many stand for that many rounds at once (the guard's replay)."""
+        if stage == "calibrate":
+            calibrate(self.policy, problems, spec, db, source, self.optimisers["calibrate"],
+                      self.plan.calibration_steps * rounds, norms)
+        else:
+            adapt(self.policy, problems, spec, db, source, measured, self.optimisers["whole"],
+                  self.plan.steps * rounds, norms)
 
 
-def cross_fit(start, problems: list, spec, db, source: str, steps: int, lr: float, seed: int,
-              folds: int = FOLDS) -> CheckResult:
-    """`folds`-fold cross-fit of the adaptation over the tuning problems (see the module doc)."""
-    import torch
+def _samples(policy, problems: list, spec, db, source: str) -> list[tuple]:
+    """(training sample, best TFLOP/s found) of each problem with measurements on this GPU."""
+    from training.dataset import measured_sample
 
-    figures = {p.key: {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != CUBLAS} for p in problems}
     failed = db.failed_configs(spec.name, source)
-    parts = [problems[i::folds] for i in range(folds)]
-    start_scores, adapted_scores = [], []
-    with torch.random.fork_rng(devices=[]):  # the same answer on a re-entered run, whatever ran before
-        torch.manual_seed(seed)
-        for i, held in enumerate(parts):
-            learn = [p for j, part in enumerate(parts) if j != i for p in part]
-            scored = [(p, s) for p in held if (s := pick_fraction(start, p, spec, figures[p.key])) is not None]
-            if not scored:
-                continue
-            adapted = copy.deepcopy(start)
-            optimiser = torch.optim.Adam(adapted.model.parameters(), lr=lr)
-            # a stand-in for the run's rounds, which this replay cannot repeat without measuring: all of
-            # the learning folds' measurements in one round, for as many steps as the run took in all
-            measured = {}
-            for p in learn:
-                outcome = {**figures[p.key], **dict.fromkeys(failed.get(p.key, ()))}
-                measured[p.key] = {c.key: outcome[c.key] for c in usable(start, p, spec, outcome)}
-            adapt(adapted, learn, spec, db, source, measured, optimiser, steps, {"reinforce": [], "supervised": []})
-            start_scores += [s for _, s in scored]
-            adapted_scores += [pick_fraction(adapted, p, spec, figures[p.key]) for p, _ in scored]
-    if not start_scores:
-        return CheckResult(None, None, 0)
-    return CheckResult(_geomean(start_scores), _geomean(adapted_scores), len(start_scores))
+    out = []
+    for p in problems:
+        figs = {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != CUBLAS}
+        sample = measured_sample(p, spec, figs, failed.get(p.key, ()), policy.model.space) if figs else None
+        out += [(sample, max(figs.values()))] if sample is not None else []
+    return out
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+def calibrate(policy, problems: list, spec, db, source: str, optimiser, steps: int, norms: dict) -> None:
+    """`steps` Adam steps of the CALIBRATION parameters on the cost head's losses over all of this
+    GPU's measurements of the problems; every other weight stays as it is."""
+    import torch
+
+    from training.dataset import collate
+    from training.objective import LossWeights, objective
+
+    model = policy.model
+    samples = [s for s, _ in _samples(policy, problems, spec, db, source)]
+    if not samples:
+        return
+    batch = collate(samples, model.space, policy.vocab)
+    weights = LossWeights(policy=0.0, cost_listwise=3.0)  # what the cost head of pretrained.pt learned on
+    params = calibration_parameters(model)
+    frozen = [p for p in model.parameters() if all(p is not q for q in params)]
+    flags = [p.requires_grad for p in frozen]
+    for p in frozen:
+        p.requires_grad_(False)  # no gradient is computed for them, so nothing else can move
+    model.train()
+    try:
+        for _ in range(steps):
+            optimiser.zero_grad()
+            loss = objective(model, batch, None, weights)[0]
+            loss.backward()
+            norms.setdefault("calibration", []).append(
+                float(torch.sqrt(sum((p.grad ** 2).sum() for p in params if p.grad is not None))))
+            optimiser.step()
+    finally:
+        for p, flag in zip(frozen, flags):
+            p.requires_grad_(flag)
+        model.eval()
 
 
 def adapt(policy, problems: list, spec, db, source: str, measured: dict, optimiser, steps: int, norms: dict) -> None:
@@ -118,19 +136,14 @@ def adapt(policy, problems: list, spec, db, source: str, measured: dict, optimis
     import torch
 
     from gnn_policy.space import TileConfig
-    from training.dataset import collate, measured_sample
+    from training.dataset import collate
     from training.objective import LossWeights, objective
 
     model, space_ = policy.model, policy.model.space
-    failed = db.failed_configs(spec.name, source)
-    samples, reinforce = [], []
-    for p in problems:
-        figs = {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != CUBLAS}
-        sample = measured_sample(p, spec, figs, failed.get(p.key, ()), space_) if figs else None
-        if sample is None:
-            continue
-        samples.append(sample)
-        best = max(figs.values())
+    found = _samples(policy, problems, spec, db, source)
+    samples, reinforce = [s for s, _ in found], []
+    for sample, best in found:
+        p = sample.problem
         new = measured.get(p.key, {})
         if len(new) > 1:
             rewards = [max(FLOOR_REWARD, math.log(v / best)) if v else FAILED_REWARD for v in new.values()]
@@ -151,7 +164,8 @@ def adapt(policy, problems: list, spec, db, source: str, measured: dict, optimis
             if loss.requires_grad:
                 grads = torch.autograd.grad(loss, [q for q in model.parameters() if q.requires_grad],
                                             retain_graph=True, allow_unused=True)
-                norms[name].append(float(torch.sqrt(sum((g ** 2).sum() for g in grads if g is not None))))
+                norms.setdefault(name, []).append(
+                    float(torch.sqrt(sum((g ** 2).sum() for g in grads if g is not None))))
         (pg_total + sl_total).backward()
         optimiser.step()
     model.eval()

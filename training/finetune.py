@@ -1,18 +1,18 @@
 """`gnn-policy finetune --gpu NAME --budget B`: adapt a pretrained policy to one GPU.
 
-Each round spends a share of the budget on every tuning problem. The candidates are the
-policy's beam picks and mutations of the best config found so far. The cost head screens
-them, and the most promising ones not yet measured are measured for real, or with the
-analytic model under `--simulate`. Every measurement goes to the database. After each
-round, the policy takes gradient steps (`training.adaptation.adapt`): REINFORCE on the
-round's measurements and the pretraining objective on all of them, as Reptile's inner loop
-adapts. The card records the gradient norm of each, which says which carries the adaptation.
-At the end, a cross-fit over the tuning problems (`training.adaptation.cross_fit`) decides
-whether the adapted weights are kept: where adapting on half of the problems does not pick
-better on the other half, the run falls back to the starting weights and says so.
-The budget is never overspent: a count budget is exact, and a time budget
-stops before the next batch once it is used. A state file makes the run resumable.
-What a round measures is chosen in `training.finetune_measure`.
+Each round spends a share of the budget on every tuning problem, on configs chosen for
+information (`training.finetune_measure`: the policy's best predicted config, where it
+disagrees with itself, neighbours of the best found), measured for real, with the analytic
+model under `--simulate`, or from a replay. Every measurement goes to the database. After
+each round, the policy takes gradient steps by `--strategy` (`training.adaptation`): the
+whole network (REINFORCE plus the pretraining objective, as Reptile's inner loop adapts), the
+GPU's calibration alone (its embedding and the cost head's last layer), or the calibration
+then the whole network. The card records each loss's gradient norm. At the end, a cross-fit
+over the tuning problems (`training.guard`) decides which weights are kept: where adapting on
+half of the problems does not pick better on the other half, the run falls back to the
+calibration alone or to the starting weights, and says so. The budget is never overspent: a
+count budget is exact, and a time budget stops before the next batch once it is used. A state
+file makes the run resumable.
 """
 from __future__ import annotations
 
@@ -29,9 +29,12 @@ from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
 from gnn_policy.interrupts import on_interrupt
 from gnn_policy.measure.workers import runner_path
+from training.adaptation import STRATEGIES, AdaptPlan
 from training.finetune_measure import measure_round, measurer
 
-ADAPT_VERSION = 3  # raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard)
+# raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard,
+# 4: strategies, measurements chosen for information, the bounded model's first-pick rule in the guard)
+ADAPT_VERSION = 4
 
 
 # Most measurements per tuning problem in one run: the adaptation's listwise and ranking losses
@@ -66,10 +69,18 @@ class FinetuneArgs:
     split: str = flag("train", "suite split the tuning problems come from", check=one_of(*SPLIT_NAMES))
     problems: int = flag(8, "tuning problems, spread over the split's families", check=at_least(1))
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over", check=at_least(1))
-    steps: int = flag(5, "gradient steps after each round: as many as Reptile's inner loop takes", check=at_least(0))
-    lr: float = flag(3e-4, "learning rate of the adaptation", check=positive)
+    strategy: str = flag("calibrate", "what adapts: calibrate (the GPU embedding and the cost head's last layer "
+                                      "alone), whole (every weight), calibrate-whole (the calibration, then every "
+                                      "weight)", check=one_of(*STRATEGIES))
+    steps: int = flag(5, "whole-network gradient steps after each round: as many as Reptile's inner loop takes",
+                      check=at_least(0))
+    lr: float = flag(3e-4, "learning rate of the whole-network steps", check=positive)
+    calibration_steps: int = flag(20, "calibration steps after each round (--strategy calibrate, calibrate-whole)",
+                                  check=at_least(0))
+    calibration_lr: float = flag(1e-3, "learning rate of the calibration steps", check=positive)
     guard: bool = flag(True, "keep the adapted weights only where a cross-fit over the tuning problems says they "
-                             "pick better than the starting ones", off="always keep the adapted weights (no cross-fit)")
+                             "pick better than the starting ones (or the calibration alone, where it does)",
+                       off="always keep the adapted weights (no cross-fit)")
     simulate: bool = flag(False, "measure with the analytic model (source=simulated), for a GPU not here")
     analytic: str = flag("", "the fitted analytic model --simulate measures with (default: checkpoints/analytic.json)")
     replay: str = flag("", "answer every measurement from the real rows of --gpu stored in this database instead "
@@ -93,6 +104,10 @@ class FinetuneArgs:
             raise ValueError(f"--budget {count}: at most {PER_PROBLEM} measurements per tuning problem, "
                              f"{PER_PROBLEM * self.problems} for {self.problems} (--problems); more would not fit "
                              "in the adaptation's memory")
+
+    @property
+    def plan(self) -> AdaptPlan:
+        return AdaptPlan(self.strategy, self.steps, self.lr, self.calibration_steps, self.calibration_lr)
 
 
 @dataclasses.dataclass
@@ -145,7 +160,8 @@ def run(args: FinetuneArgs) -> dict:
     from gnn_policy.database import Database
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy, save_checkpoint
     from gnn_policy.snapshot import load_shipped
-    from training.adaptation import adapt, cross_fit
+    from training.adaptation import Adapter
+    from training.guard import calibrated_only, cross_fit
     from training.transfer_log import file_digest
 
     spec = hardware_specs.load(args.gpu)
@@ -166,11 +182,12 @@ def run(args: FinetuneArgs) -> dict:
     if not (args.simulate or args.replay):
         check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
     # by content, not only path: a start replaced between resumes is another run
-    plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "steps",
-                                          "lr", "guard", "snapshot", "analytic", "replay")} | \
+    plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "strategy",
+                                          "steps", "lr", "calibration_steps", "calibration_lr", "guard", "snapshot",
+                                          "analytic", "replay")} | \
         {"adapt": ADAPT_VERSION, "start_digest": file_digest(start_path)}
     torch.manual_seed(args.seed)
-    norms = {"reinforce": [], "supervised": []}
+    norms: dict[str, list[float]] = {}
     with Database(args.db) as db, measurer(db, spec, args, source) as measure:
         # a replay can only tune on problems it holds rows of
         problems = select_problems(args.split, args.problems, args.seed,
@@ -190,7 +207,7 @@ def run(args: FinetuneArgs) -> dict:
         budget.spent_seconds = state["spent_seconds"]
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
         policy = Policy.load(weights) if state["round"] else start_policy
-        optimiser = torch.optim.Adam(policy.model.parameters(), lr=args.lr)
+        adapter = Adapter(policy, args.plan)
         stopped = on_interrupt(lambda: f"{db.count_since(spec.name, source, state['since'])} measurements of this "
                                        f"run stored in {args.db}; run the same command again to resume (it spends "
                                        "only what is left of the budget)")
@@ -199,7 +216,7 @@ def run(args: FinetuneArgs) -> dict:
                 rng = random.Random(f"{args.seed}:{rnd}")
                 measured = measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng,
                                          lambda: _save_state(state_path, state, budget), state["since"], rnd)
-                adapt(policy, problems, spec, db, source, measured, optimiser, args.steps, norms)
+                adapter.round(problems, spec, db, source, measured, norms)
                 out.mkdir(parents=True, exist_ok=True)
                 save_checkpoint(policy.model, weights)
                 state["round"] = rnd + 1
@@ -210,10 +227,13 @@ def run(args: FinetuneArgs) -> dict:
                                  **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
             if args.guard and "guard" not in state:
                 start = Policy.load(start_path)
-                check = cross_fit(start, problems, spec, db, source, args.rounds * args.steps, args.lr, args.seed)
-                state["guard"] = dataclasses.asdict(check) | {"kept": "adapted" if check.keep_adapted else "start"}
-                if not check.keep_adapted:
+                check = cross_fit(start, problems, spec, db, source, args.plan, args.rounds, args.seed)
+                state["guard"] = dataclasses.asdict(check) | {"kept": check.kept}
+                if check.kept == "start":
                     save_checkpoint(start.model, weights)
+                elif check.kept == "calibrated":
+                    save_checkpoint(calibrated_only(start, problems, spec, db, source, args.plan, args.rounds,
+                                                    args.seed).model, weights)
                 _save_state(state_path, state, budget)
         budget.spent_count = db.count_since(spec.name, source, state["since"])
     card = {"job": "finetune", "gpu": spec.name, "source": source, "checkpoint": weights.name,

@@ -1,6 +1,7 @@
-"""What a fine-tune round measures: candidates from the policy's beam picks and mutations of the
-best configs so far, screened by its cost head, measured for real, with the analytic model or
-from a replay, within the round's share of the budget (`training.finetune` runs the rounds).
+"""What a fine-tune round measures, chosen for information (`_candidates`: the policy's best
+predicted config, where it disagrees with itself, and neighbours of the best found), measured
+for real, with the analytic model or from a replay, within the round's share of the budget
+(`training.finetune` runs the rounds).
 """
 from __future__ import annotations
 
@@ -50,34 +51,80 @@ class measurer:
         self.stack.close()
 
 
+SOURCES = ("top", "doubt", "mutation")  # where a problem's next measurement comes from, in turn
+ENSEMBLE_TOP = 64  # the doubt is looked for among this many best predicted candidates
+
+
 def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, offered: set | None = None) -> list:
-    """Up to n unmeasured configs: beam picks and mutations of the best so far, screened by the cost head.
-
-    A replay can answer only its `offered` config keys, which the beam and the mutations rarely
-    hit; there the pool is the same number of unmeasured offered configs, the most probable first.
+    """Up to n unmeasured valid configs, chosen for information. A problem's measurements take
+    turns over three sources (`SOURCES`), counted from what it already has:
+    - top: the policy's best predicted config, the would-be first pick, whose error costs most;
+    - doubt: where the model disagrees with itself: the widest spread of predicted log TFLOP/s
+      (each member's relative to its own best) when the GPU is read through each GPU embedding
+      the policy learned, among the ENSEMBLE_TOP best predicted;
+    - mutation: the best predicted neighbour (one knob moved) of the best config found so far.
+    A replay can answer only its `offered` config keys: the candidates are then those.
     """
-    import torch
-
-    from gnn_policy.search import mutate
     from gnn_policy.space import TileConfig
 
     space_ = policy.model.space
     mask = space_.problem_mask(spec, problem)
-    best = sorted((k for k, v in known.items() if v is not None and k != "cublas"), key=lambda k: -known[k])[:3]
     if offered is None:
-        pool = [p.config for p in policy.top_k(problem, spec, 4 * n)]
-        for key in best:
-            pool += [mutate(TileConfig.from_key(key), space_, rng) for _ in range(2 * n)]
+        pool = [p.config for p in policy.top_k(problem, spec, 4 * max(n, ENSEMBLE_TOP // 4))]
     else:
-        stored = [TileConfig.from_key(k) for k in sorted(offered - set(known))]
-        pool = [c for c, _ in policy.rank(problem, spec, stored)[:4 * n + 2 * n * len(best)]]
-    fresh = [c for c in dict.fromkeys(pool) if c.key not in known and mask[space_.index(c)]]
+        pool = [TileConfig.from_key(k) for k in sorted(offered - set(known))]
+    found = sorted((k for k, v in known.items() if v is not None and k != "cublas"), key=lambda k: -known[k])
+    neighbours = _neighbours(TileConfig.from_key(found[0]), space_, offered, rng) if found else []
+    fresh = [c for c in dict.fromkeys(pool + neighbours) if c.key not in known and mask[space_.index(c)]]
     if not fresh:
         return []
+    members = _ensemble(policy, problem, spec, fresh)
+    pred = members[0]
+    by_pred = pred.argsort(descending=True).tolist()
+    top = by_pred[:ENSEMBLE_TOP]
+    spread = (members[:, top] - members[:, top].max(1, keepdim=True).values).std(0)
+    near = set(neighbours)
+    orders = {"top": by_pred, "doubt": [top[i] for i in spread.argsort(descending=True).tolist()],
+              "mutation": [i for i in by_pred if fresh[i] in near]}
+    chosen: list[int] = []
+    turn = len(known)
+    while len(chosen) < n and len(chosen) < len(fresh):
+        for k in range(len(SOURCES)):  # a source with nothing left passes its turn on
+            order = orders[SOURCES[(turn + k) % len(SOURCES)]]
+            pick = next((i for i in order if i not in chosen), None)
+            if pick is not None:
+                chosen.append(pick)
+                break
+        turn += 1
+    return [fresh[i] for i in chosen]
+
+
+def _neighbours(config, space_, offered: set | None, rng: random.Random) -> list:
+    """Configs one knob away from `config`: every one a replay offers, or a random dozen."""
+    from gnn_policy.search import mutate
+
+    if offered is None:
+        return [mutate(config, space_, rng) for _ in range(12)]
+    from gnn_policy.space import TileConfig
+
+    near = []
+    for key in offered:
+        c = TileConfig.from_key(key)
+        if c in space_ and sum(a != b for a, b in zip(space_.index(c), space_.index(config))) == 1:
+            near.append(c)
+    return sorted(near, key=lambda c: c.key)
+
+
+def _ensemble(policy, problem, spec, configs: list):
+    """Predicted log TFLOP/s [members, C]: row 0 as the policy reads this GPU, then one row
+    per GPU embedding it learned, with the spec unchanged."""
+    import torch
+
+    graph, spec_vec, index, _ = policy.features(problem, spec)
+    idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
+    rows = [index] + [torch.tensor([i]) for i in range(len(policy.model.cfg.gpu_names) + 1) if i != index.item()]
     with torch.no_grad():
-        h, _ = policy.encode(problem, spec)
-        score = policy.cost(h, problem, spec, torch.tensor([space_.index(c) for c in fresh])[None])[0]
-    return [fresh[i] for i in score.argsort(descending=True)[:n].tolist()]
+        return torch.cat([policy.cost(policy.model.encode(graph, spec_vec, r), problem, spec, idx) for r in rows])
 
 
 def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: int, rng, save, since: int,

@@ -5,7 +5,7 @@
 For each checkpoint, budget and seed, `finetune --replay --no-guard` adapts on the real rows
 of --gpu that --db holds, and `offline_picks` scores the adapted weights and the start on
 --split (first pick among the measured configs, and best of 8; geomean over problems). The
-cross-fit (`training.adaptation.cross_fit`) is then asked, on the run's own measurements
+cross-fit (`training.guard.cross_fit`) is then asked, on the run's own measurements
 and for each --folds, whether it would have kept the adapted weights. A guarded run scores
 what the weights it keeps score, so its figure follows from the two without a second run.
 A decision is wrong where it keeps weights that pick worse than the start, or drops ones
@@ -26,7 +26,7 @@ from gnn_policy.benchmarks.offline_picks import evaluate
 from gnn_policy.database import Database
 from gnn_policy.policy import Policy
 from gnn_policy.snapshot import load_shipped
-from training.adaptation import cross_fit
+from training.guard import cross_fit
 from training.finetune import FinetuneArgs, run
 
 
@@ -38,7 +38,7 @@ def replay_run(db_path: str, gpu: str, checkpoint: str, budget: int, seed: int, 
     spec, start = hardware_specs.load(gpu), Policy.load(checkpoint)
     problems = [GemmProblem.from_key(k) for k in card["problems"]]
     with Database(args.db) as db:
-        verdicts = {f: cross_fit(start, problems, spec, db, "real", args.rounds * args.steps, args.lr, seed, folds=f)
+        verdicts = {f: cross_fit(start, problems, spec, db, "real", args.plan, args.rounds, seed, folds=f)
                     for f in folds}
     return {"weights": str(work / card["checkpoint"]),
             # fold counts as strings, as JSON keys come back from --out

@@ -26,6 +26,7 @@ import hardware_specs
 from gnn_policy.args import at_least, flag, positive
 from gnn_policy.database import DEFAULT_PATH
 from training.imported import TUNED_CONFIGS
+from training.pretrain import cost_model_flag
 
 if TYPE_CHECKING:  # the job's module stays light: the CLI imports it for the flags
     from gnn_policy.space import ConfigSpace
@@ -71,8 +72,15 @@ class MetaPretrainArgs:
     batch_size: int = flag(16, "problems per inner-step batch", check=at_least(1))
     hidden: int = flag(128, "width of the encoders and heads", check=at_least(1))
     layers: int = flag(3, "GINEConv layers", check=at_least(1))
-    geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps)",
+    geometry: bool = flag(True, "feed the cost head the tile geometry (waves, padding, K steps; --cost-model 0)",
                           off="the cost head reads no tile geometry (as the first checkpoints)")
+    cost_model: int = flag(1, "1: roofline-bounded cost head reading the analytic features, as pretrained.pt; "
+                              "0: the first checkpoints' unbounded head (meta-cost0.pt, plain-cost0.pt)",
+                           check=cost_model_flag)
+    cost_listwise: float = flag(3.0, "weight of the cost head's listwise loss, as `gnn-policy pretrain`'s",
+                                check=at_least(0, float))
+    named_weight: float = flag(0.25, "weight of the named lists' rows in real tasks, as `gnn-policy pretrain`'s",
+                               check=positive)
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)", check=positive)
     seed: int = flag(0, "seed of weights, simulated configs, task draws and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for meta.pt (or plain.pt) and its card")
@@ -112,7 +120,7 @@ def run(args: MetaPretrainArgs) -> dict | None:
     tasks, held, space_, fitted_on = _tasks(args)
     data_seconds = time.time() - start
     model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=tuple(t.gpu for t in tasks),
-                               geometry=args.geometry)
+                               geometry=args.geometry, cost_model=args.cost_model)
     # θ + 1·(θ' − θ) = θ': with one optimiser kept across tasks, that is ordinary training
     reptile = ReptileConfig(inner_steps=args.inner_steps, inner_lr=args.inner_lr,
                             epsilon=1.0 if args.plain else args.epsilon,
@@ -123,6 +131,7 @@ def run(args: MetaPretrainArgs) -> dict | None:
                           inner_steps=args.inner_steps, batch_size=args.batch_size, seed=args.seed,
                           real_weight=args.real_weight)
     module = ReptileModule(model_config, reptile, LossWeights(temperature=args.temperature,
+                                                              cost_listwise=args.cost_listwise,
                                                               imitation=args.imitation_weight))
     trainer = pl.Trainer(
         max_epochs=args.epochs, max_time={"minutes": args.max_minutes},
@@ -188,7 +197,7 @@ def _tasks(args: MetaPretrainArgs) -> tuple[list[Task], list[HeldOut], ConfigSpa
     with Database(args.db) as db:
         load_shipped(db)
         tasks = build_tasks(args.hold_out, args.simulate, sim, select_problems("train", args.problems, args.seed),
-                            db if args.real else None, demos)
+                            db if args.real else None, demos, named_weight=args.named_weight)
     held = held_out(args.hold_out, sim, select_problems("train", args.inner_steps * args.batch_size, args.seed),
                     select_problems("val", args.val_problems, args.seed))
     return tasks, held, sim.space, fitted_on

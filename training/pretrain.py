@@ -20,7 +20,7 @@ from gnn_policy.database import DEFAULT_PATH
 from training.imported import TUNED_CONFIGS, load_demonstrations
 
 
-def _cost_model(text: str) -> int:
+def cost_model_flag(text: str) -> int:
     """0 or 1 (`ModelConfig.cost_model`)."""
     value = at_least(0)(text)
     if value > 1:
@@ -45,7 +45,7 @@ class PretrainArgs:
                           off="the cost head reads no tile geometry (as the first checkpoints)")
     cost_model: int = flag(1, "1: roofline-bounded cost head reading the analytic features, whose scores "
                               "pick from every valid config; 0: the first checkpoints' unbounded head",
-                           check=_cost_model)
+                           check=cost_model_flag)
     cost_features: bool = flag(True, "the bounded cost head reads the analytic features",
                                off="the bounded cost head reads the encodings and knobs alone (an ablation)")
     encoder: str = flag("gnn", "problem encoder: gnn (GINEConv message passing) or mlp (the same node "

@@ -46,6 +46,7 @@ from gnn_policy.database import DEFAULT_PATH
 from gnn_policy.interrupts import on_interrupt
 from gnn_policy.measure.workers import runner_path
 from training import transfer_picks
+from training.adaptation import STRATEGIES
 from training.finetune import PER_PROBLEM, FinetuneArgs
 from training.transfer_log import TransferLog, file_digest, fingerprint
 from training.transfer_picks import POLICIES, SEARCHES, SPEC_ONLY
@@ -87,6 +88,8 @@ class TransferArgs:
                              "those measured on the target, to evaluate on (0: the whole split)", check=at_least(0))
     tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on", check=at_least(1))
     rounds: int = flag(4, "fine-tune rounds", check=at_least(1))
+    strategy: str = flag(FinetuneArgs.strategy, "what the fine-tunes adapt (finetune's --strategy and default)",
+                         check=one_of(*STRATEGIES))
     steps: int = flag(FinetuneArgs.steps, "gradient steps per fine-tune round (finetune's default)", check=at_least(0))
     lr: float = flag(FinetuneArgs.lr, "learning rate of the fine-tunes (finetune's default)", check=positive)
     simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")

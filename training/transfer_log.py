@@ -24,7 +24,7 @@ def file_digest(path: str | Path) -> str:
 
 class TransferLog:
     """Finished runs' picks (problem key -> the picked config keys), by fingerprint and run, and
-    for a fine-tune which weights its guard kept ("adapted", "start" or "unjudged")."""
+    for a fine-tune which weights its guard kept ("adapted", "calibrated", "start" or "unjudged")."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)

@@ -44,7 +44,8 @@ def finetune_settings(args: TransferArgs, method: str, target: str, source: str,
     out = {"version": PICKS_VERSION, "target": target, "source": source, "runner": args.runner,
            "timeout": args.timeout, "space": [space_.name, space_.knobs],
            "checkpoint": digests["meta" if method == "meta" else "plain"], "tune_problems": args.tune_problems,
-           "rounds": args.rounds, "steps": args.steps, "lr": args.lr, "adapt": ADAPT_VERSION}
+           "rounds": args.rounds, "strategy": args.strategy, "steps": args.steps, "lr": args.lr,
+           "adapt": ADAPT_VERSION}
     if args.simulate:  # the fine-tune's labels come from the analytic model
         out["analytic"] = digests["analytic"]
     return out
@@ -91,8 +92,8 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
     in --work is named by `tune`, the fingerprint of `finetune_settings`: a fine-tune resumes
     or is reused under the same ones (another evaluation split or problem count included), and
     new fine-tune flags, a new checkpoint or a new ADAPT_VERSION start afresh. Also says which
-    weights the fine-tune's guard kept: adapted, start, or unjudged (the start, for want of
-    held-out problems with two measured configs); None at B = 0."""
+    weights the fine-tune's guard kept: adapted, calibrated (the calibration alone), start, or
+    unjudged (the start, for want of held-out problems with enough measured configs); None at B = 0."""
     from gnn_policy.policy import Policy
     from training.finetune import run as finetune
 
@@ -106,7 +107,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
         output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
-        steps=args.steps, lr=args.lr, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
+        strategy=args.strategy, steps=args.steps, lr=args.lr, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
         runner=args.runner,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
         tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))

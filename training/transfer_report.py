@@ -76,17 +76,18 @@ def write_report(rows: list[dict], budgets: list[int], out: Path, target: str, s
 
 
 def _guard_lines(rows: list[dict]) -> list[str]:
-    """Which fine-tunes kept their adapted weights and which fell back to the start (`finetune`'s
-    guard): a fallback's picks are its B = 0 picks. Nothing for rows from before the guard."""
+    """Which fine-tunes kept their adapted weights, the calibration alone, or fell back to the start
+    (`finetune`'s guard): a fallback's picks are its B = 0 picks. Nothing for rows from before the guard."""
     runs = dict.fromkeys((r["method"], r["budget"], r["seed"], r.get("kept")) for r in rows if r.get("kept"))
     if not runs:
         return []
     seeds = len({seed for _, _, seed, _ in runs}) > 1
     said = {kept: ", ".join(f"{m} B={b}" + (f" seed {seed}" if seeds else "") for m, b, seed, k in runs if k == kept)
-            or "none" for kept in ("adapted", "start", "unjudged")}
-    return ["", f"Fine-tunes that kept their adapted weights: {said['adapted']}. Fell back to the starting "
-                f"weights because the guard's cross-fit found them no better: {said['start']}; because too few "
-                f"configs were measured to judge them: {said['unjudged']}."]
+            or "none" for kept in ("adapted", "calibrated", "start", "unjudged")}
+    calibrated = f" Kept the calibration alone: {said['calibrated']}." if said["calibrated"] != "none" else ""
+    return ["", f"Fine-tunes that kept their adapted weights: {said['adapted']}.{calibrated} Fell back to the "
+                f"starting weights because the guard's cross-fit found them no better: {said['start']}; because "
+                f"too few configs were measured to judge them: {said['unjudged']}."]
 
 
 def _by_size(rows: list[dict], table: dict) -> list[str]:
