@@ -5,7 +5,9 @@ Three phases, each skipped where the database already holds its work, so a run s
 
 1. Dense: `collect`'s plan with `--configs` stratified valid configs per problem (the whole
    valid space by default: a short K or strides that forbid TMA leave a small pool too few),
-   the named lists, `default_config`, cuBLAS and the analytic model's pick.
+   the named lists, `default_config`, cuBLAS, the analytic model's pick and the top `--policy-top`
+   picks of each `--policy` checkpoint, so that every picker is judged offline on measured
+   figures, never on a guess of what its pick would have run at.
 2. Refinement: every config one knob away from each problem's `--top` fastest (any other value
    of that knob, valid configs only), measured round after round until the top ones have no
    unmeasured neighbour: nothing near them improves.
@@ -39,6 +41,9 @@ class SweepArgs:
     named: tuple[str, ...] = flag(tuple(NAMED_LISTS), "named lists measured on every problem (repeatable)",
                                   action="append")
     analytic: str = flag(str(ANALYTIC), "fitted analytic model whose pick is measured too ('': none)")
+    policy: tuple[str, ...] = flag((), "policy checkpoint whose top picks are measured on every problem "
+                                        "(repeatable)", action="append")
+    policy_top: int = flag(8, "picks of each --policy measured per problem")
     top: int = flag(5, "fastest configs per problem whose one-knob neighbours are measured")
     max_rounds: int = flag(10, "refinement rounds at most in one run")
     confirm_top: int = flag(3, "fastest configs per problem that confirm re-times, besides cuBLAS")
@@ -85,22 +90,36 @@ def refinement(db, gpu, problems: list[GemmProblem], space_: ConfigSpace, top: i
     return out
 
 
-def _dense_plan(db, gpu, problems: list[GemmProblem], args: SweepArgs, collect: CollectArgs) -> list[tuple]:
-    """collect's plan, with the analytic pick right after cuBLAS for every problem still in
-    progress: measured before the problem's plan is done, so never left out."""
-    planned = plan(problems, gpu, collect)
-    if not args.analytic:
-        return planned
-    from gnn_policy.measure.simulator import load_fitted
+def _pickers(gpu, args: SweepArgs) -> list:
+    """Functions problem -> the configs a picker would run (the analytic model's pick, each
+    policy's top picks), each a list of valid configs, best first."""
+    out = []
+    if args.analytic:
+        from gnn_policy.measure.simulator import load_fitted
 
-    model, space_ = load_fitted(args.analytic), space(args.space)
+        model, space_ = load_fitted(args.analytic), space(args.space)
+        out.append(lambda p: [c for c in [analytic_pick(p, gpu, space_, model)] if c is not None])
+    if args.policy:
+        from gnn_policy.policy import Policy
+    for path in args.policy:  # top_k draws from the problem's valid configs only
+        out.append(lambda p, pol=Policy.load(path): [pick.config for pick in pol.top_k(p, gpu, args.policy_top)])
+    return out
+
+
+def _dense_plan(db, gpu, problems: list[GemmProblem], args: SweepArgs, collect: CollectArgs) -> list[tuple]:
+    """collect's plan, with the pickers' configs (`_pickers`) right after cuBLAS for every
+    problem still in progress: measured before the problem's plan is done, so never left out."""
+    planned = plan(problems, gpu, collect)
+    pickers = _pickers(gpu, args)
+    if not pickers:
+        return planned
     done = db.measured(gpu.name)
     for p, configs in planned:
         if all((p.key, c.key if c else CUBLAS) in done for c in configs):
             continue
-        pick = analytic_pick(p, gpu, space_, model)
-        if pick is not None and pick not in configs:
-            configs.insert(1 if configs and configs[0] is None else 0, pick)
+        first = 1 if configs and configs[0] is None else 0
+        picked = dict.fromkeys(c for pick in pickers for c in pick(p) if c not in configs)
+        configs[first:first] = list(picked)
     return planned
 
 

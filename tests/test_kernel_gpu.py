@@ -52,8 +52,10 @@ def _random_cases(n: int, gpu, variant: str | None = None, seed: int = 1234) -> 
         # a variant's rules reject most of the space: three cases in four draw valid configs, and
         # (the variants load by TMA) a problem whose strides TMA can read; the fourth keeps odd sizes
         pool = full if (i % 2 if variant is None else i % 4 == 3) else valid[problem.dtype]
-        while variant is not None and pool is not full and not tma_fits(problem):
+        # a dtype the variant's rules refuse outright (warpspec: fp32) has no valid config to draw
+        while variant is not None and pool is not full and not (tma_fits(problem) and valid[problem.dtype]):
             problem = _random_problem(rng)
+            pool = valid[problem.dtype]
         config = rng.choice(pool)
         for _ in range(20):  # prefer a config whose SPLIT_K fits this K
             if pool is full or not violations(config, gpu, problem.dtype, problem.k):

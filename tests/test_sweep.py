@@ -5,6 +5,7 @@ from gnn_policy.collect import select_problems
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.measure.simulator import load_fitted
+from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 from gnn_policy.space import TileConfig, space
 from gnn_policy.sweep import SweepArgs, neighbours, refinement, run, top_configs
 
@@ -25,11 +26,13 @@ def test_top_configs_leave_cublas_out_and_break_ties_by_key():
 
 def test_sweep_measures_densely_refines_to_a_local_optimum_confirms_and_resumes(tmp_path):
     args = SweepArgs(db=str(tmp_path / "m.sqlite"), gpu="h200", problems=2, configs=80, named=("triton_tutorial",),
-                     top=2, runner="fake_runner:analytic", timeout=30, shard_dir=str(tmp_path / "shards"))
+                     top=2, runner="fake_runner:analytic", timeout=30, shard_dir=str(tmp_path / "shards"),
+                     policy=(str(DEFAULT_CHECKPOINT),), policy_top=4)
     first = run(args)
     assert first["complete"] and first["refine_rounds"] >= 1 and first["confirm_problems_done"] == 2
     assert {p.name.split("_")[1] for p in (tmp_path / "shards").iterdir()} == {"sweep", "retime"}
     problems = select_problems("random-test", 2, 0)
+    policy = Policy.load(DEFAULT_CHECKPOINT)
     with Database(args.db) as db:
         for p in problems:
             figures = db.tflops("H200-SXM-141GB", p.key)
@@ -37,6 +40,8 @@ def test_sweep_measures_densely_refines_to_a_local_optimum_confirms_and_resumes(
             assert CUBLAS in figures and len(figures) > 80 + 1
             for baseline in (default_pick(p, H200, ok), analytic_pick(p, H200, space("full"), load_fitted(ANALYTIC))):
                 assert baseline.key in figures
+            picks = [pick.config.key for pick in policy.top_k(p, H200, 4)]
+            assert len(picks) == 4 and all(k in figures for k in picks)
             best = TileConfig.from_key(top_configs(figures, 1)[0])
             near = [n.key for n in neighbours(best, space("full")) if ok(n)]
             assert all(k in figures for k in near) and max(figures[k] for k in near) <= figures[best.key]
