@@ -12,7 +12,9 @@ one transaction, so Ctrl-C or a kill loses at most the problem in flight.
 Compiling (about 0.4 s of a CPU core per kernel) costs more than timing (tens of ms), so the
 random samples come from a seeded pool per dtype (`--pool`, itself a stratified random
 sample of the valid space): a kernel compiled for one problem then serves every problem with
-the same specialisation. Kernels compile ahead on all cores but one while the GPU times the
+the same specialisation. Random shapes spread over hundreds of specialisations, so
+`--pool-by-class` gives each its own pool and measures class by class (`gnn_policy.pools`).
+Kernels compile ahead on all cores but one while the GPU times the
 problems already compiled. A run ends by printing how many specialisations (Triton cache keys)
 its compile jobs needed, and its measurements a minute of wall time and of timing.
 """
@@ -23,7 +25,7 @@ import itertools
 import random
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from graphs import GemmProblem, random_gemms
 from graphs.random_gemms import SPLITS as RANDOM_SPLITS
@@ -33,7 +35,8 @@ from gnn_policy.baselines import default_pick, fits
 from gnn_policy.interrupts import on_interrupt
 from gnn_policy.measure.result import CUBLAS, Measurement
 from gnn_policy.measure.workers import runner_path
-from gnn_policy.space import NAMED_LISTS, ConfigSpace, TileConfig, named_list, space
+from gnn_policy.pools import ConfigPools, class_order, stratified_configs
+from gnn_policy.space import NAMED_LISTS, TileConfig, named_list, space
 
 
 SPLIT_NAMES = (*SPLITS, "all", *RANDOM_SPLITS)  # what --split accepts: `select_problems` draws from each
@@ -54,6 +57,11 @@ class CollectArgs:
     pool: int = flag(1000, "configs per dtype that every problem draws its sample from (0: the whole "
                            "valid space); a shared pool lets one compiled kernel serve many problems",
                      check=at_least(0))
+    pool_by_class: bool = flag(False, "give each kernel class (dtype, layouts, epilogue, batched, which of M, N and "
+                                      "K are multiples of 16) its own seeded pool, and measure the problems "
+                                      "class by class in a seeded order of classes: a kernel then serves "
+                                      "every problem of its class in a run, and the classes together still "
+                                      "sample the whole space")
     space: str = flag("full", "config space the sample comes from (gnn_policy.space.SPACES); its variants "
                               "and SPLIT_K values make the strata")
     lists: bool = flag(True, "also measure the named lists, default_config and cuBLAS")
@@ -109,66 +117,15 @@ def select_problems(name: str, count: int, seed: int, max_gflop: float = 0.0,
     return order[:count]
 
 
-def _by_stratum(configs: Sequence[TileConfig]) -> dict[tuple, list[TileConfig]]:
-    groups: dict[tuple, list[TileConfig]] = defaultdict(list)
-    for c in configs:
-        groups[(c.variant, c.split_k)].append(c)
-    return groups
-
-
-def stratified_configs(valid: Sequence[TileConfig], count: int, rng: random.Random) -> list[TileConfig]:
-    """`count` configs of `valid`, an equal share from each (variant, SPLIT_K) group first."""
-    groups = _by_stratum(valid)
-    picked: list[TileConfig] = []
-    share = max(1, count // max(1, len(groups)))
-    for key in sorted(groups):
-        picked += rng.sample(groups[key], min(share, len(groups[key])))
-    taken = set(picked)
-    rest = [c for c in valid if c not in taken]
-    picked += rng.sample(rest, min(len(rest), max(0, count - len(picked))))
-    return picked
-
-
-def config_pool(valid: Sequence[TileConfig], size: int, seed: int) -> list[TileConfig]:
-    """The first `size` configs of a seeded order that takes the (variant, SPLIT_K) groups in turn.
-
-    Pools of one seed are nested (a larger pool holds every smaller one), so a dense sweep
-    reuses the kernels of a sparse one. Size 0 or past the space: all of `valid`.
-    """
-    groups = _by_stratum(valid)
-    rng = random.Random(f"pool:{seed}")
-    queues = [rng.sample(groups[key], len(groups[key])) for key in sorted(groups)]
-    order = [c for row in itertools.zip_longest(*queues) for c in row if c is not None]
-    return order[:size] if size else order
-
-
-def _pool(space_: ConfigSpace, gpu, dtype: str, size: int, seed: int) -> tuple[list[TileConfig], Any]:
-    """The dtype's config pool and each config's flat index into the space's masks."""
-    import torch
-
-    points = space_.points
-    valid = [points[i] for i in space_.mask(gpu, dtype).flatten().nonzero().flatten().tolist()]
-    pool = config_pool(valid, size, seed)
-    flat = torch.tensor([_flat_index(space_, c) for c in pool], dtype=torch.long)
-    return pool, flat
-
-
-def _flat_index(space_: ConfigSpace, c: TileConfig) -> int:
-    index = 0
-    for i, size in zip(space_.index(c), space_.shape):
-        index = index * size + i
-    return index
-
-
 def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[GemmProblem, list]]:
     """For each problem, the configs to measure (None stands for cuBLAS), before skipping."""
     space_ = space(args.space)
-    pools = {d: _pool(space_, gpu, d, args.pool, args.seed) for d in {p.dtype for p in problems}}
+    pools = ConfigPools(space_, gpu, args.pool, args.seed, args.pool_by_class)
     named = sorted({c for name in args.named for c in named_list(name)}) if args.lists else []
     out = []
     for p in problems:
         rng = random.Random(f"{args.seed}:{p.key}")
-        pool, flat = pools[p.dtype]
+        pool, flat = pools.of(p)
         mask = space_.problem_mask(gpu, p)
         keep = mask.flatten()[flat].tolist()
         configs = stratified_configs([c for c, ok in zip(pool, keep) if ok], args.configs, rng)
@@ -218,6 +175,8 @@ def run(args: CollectArgs) -> dict:
     gpu = hardware_specs.resolve(args.gpu)
     problems = distributed.share(select_problems(args.split, args.problems, args.seed, args.max_gflop,
                                                  min_gflop=args.min_gflop))
+    if args.pool_by_class:  # a machine's kernel cache dies with it: a run should finish whole classes
+        problems = class_order(problems, args.seed)
     counts: dict = defaultdict(int)
     start = time.monotonic()
     deadline = start + args.time_limit * 60 if args.time_limit else float("inf")

@@ -3,8 +3,9 @@ import dataclasses
 from collections import Counter
 
 import hardware_specs
-from gnn_policy.collect import CollectArgs, config_pool, plan, run, select_problems, stratified_configs
+from gnn_policy.collect import CollectArgs, plan, run, select_problems
 from gnn_policy.database import Database
+from gnn_policy.pools import class_order, config_pool, kernel_class, stratified_configs
 from gnn_policy.space import space, violations
 
 H200 = hardware_specs.load("h200")
@@ -74,6 +75,35 @@ def test_config_pools_are_nested_stratified_and_feed_every_problem():
     pools = {p.dtype: set(config_pool([c for c in space("full") if not violations(c, H200, p.dtype)], 100, 0))
              for p in problems}
     assert all(len(cs) == 50 and set(cs) <= pools[p.dtype] for p, cs in planned)
+
+
+def test_kernel_classes_get_their_own_pools_and_are_measured_together():
+    problems = select_problems("random-train", 300, seed=0)
+    ordered = class_order(problems, seed=0)
+    assert sorted(p.key for p in ordered) == sorted(p.key for p in problems)
+    seen, last = [], None
+    for p in ordered:  # each class is one run of consecutive problems
+        if kernel_class(p) != last:
+            assert kernel_class(p) not in seen
+            last = kernel_class(p)
+            seen.append(last)
+    assert class_order(problems, seed=1) != ordered  # the classes' order is the seed's
+    twins = next(g for g in _groups(problems).values() if len(g) >= 3)
+    args = CollectArgs(db="unused", configs=60, pool=120, lists=False, pool_by_class=True, space="hopper-tested")
+    planned = dict((p.key, set(cs)) for p, cs in plan(twins, H200, args))
+    shared = set.intersection(*planned.values())
+    assert len(set.union(*planned.values())) <= 120 and shared  # one pool feeds the class
+    other = next(g[0] for k, g in _groups(problems).items() if k != kernel_class(twins[0]) and g[0].dtype == twins[0].dtype)
+    assert set(plan([other], H200, args)[0][1]) != planned[twins[0].key]
+    flat = set(plan(twins[:1], H200, dataclasses.replace(args, pool_by_class=False))[0][1])
+    assert flat != planned[twins[0].key]  # without --pool-by-class the dtype's one pool, as before
+
+
+def _groups(problems):
+    out = {}
+    for p in problems:
+        out.setdefault(kernel_class(p), []).append(p)
+    return out
 
 
 def test_time_limit_starts_no_new_problem_and_a_second_run_finishes(tmp_path):

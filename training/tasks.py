@@ -31,7 +31,7 @@ from graphs import GemmProblem
 from graphs.build import problem_graph
 from graphs.suite import SPLITS
 from hardware_specs import GpuSpec, SpecError
-from gnn_policy.collect import config_pool, stratified_configs
+from gnn_policy.pools import config_pool, stratified_configs
 from gnn_policy.database import Database
 from gnn_policy.measure.simulator import AnalyticModel
 from gnn_policy.space import TMA_VARIANTS, ConfigSpace, TileConfig, fits_k, tma_fits
