@@ -10,6 +10,7 @@ from gnn_policy.benchmarks.class_report import class_table, main, records
 from gnn_policy.database import Database
 from gnn_policy.measure.result import Measurement
 from gnn_policy.measure.simulator import load_fitted
+from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 from gnn_policy.space import NAMED_LISTS, TileConfig, space
 
 H200 = hardware_specs.load("h200")
@@ -63,3 +64,18 @@ def test_the_command_prints_the_report(tmp_path, capsys):
     assert (tmp_path / "r.md").read_text().strip() == out.strip()
     main(["--db", str(tmp_path / "m.sqlite"), "--split", "random-val", "--analytic", ""])
     assert "no measured problems of split random-val" in capsys.readouterr().out
+
+
+def test_a_policy_is_scored_by_its_first_pick_and_its_best_of_k(tmp_path):
+    model = load_fitted(ANALYTIC)
+    first, second = _database(tmp_path / "m.sqlite", model)
+    policy = Policy.load(DEFAULT_CHECKPOINT)
+    picks = [pick.config for pick in policy.top_k(first, H200, 2)]
+    with Database(tmp_path / "m.sqlite") as db:
+        db.add([_row(first, picks[0], 40.0), _row(first, picks[1], 70.0), _row(second, picks[0], 10.0)])
+        recs = records(db, H200, "random-test", model, policies={"p": policy}, k=2)
+    assert recs[0].fractions["p"] == 0.4 and recs[0].fractions["p best of 2"] == 0.7
+    second_picks = [pick.config for pick in policy.top_k(second, H200, 2)]
+    assert recs[1].fractions["p"] == (0.1 if second_picks[0] == picks[0] else None)
+    assert recs[1].fractions["p best of 2"] is None  # a pick without a timing: no best of k
+    assert "| p / best | p best of 2 / best |" in class_table(recs)
