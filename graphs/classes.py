@@ -22,6 +22,9 @@ from graphs.suite import SPLITS as FAMILY_SPLITS
 CLASSES = ("decode", "prefill", "skinny", "short K", "unaligned", "column-major B", "batched")
 DECODE_M, SKINNY_RATIO, SHORT_K, ALIGN = 64, 16, 256, 16
 ALL_SPLITS = (*FAMILY_SPLITS, *RANDOM_SPLITS, "other")
+# What training reads as its train, val and test problems: a suite split and the random split of
+# the same role. "other" is in none: a tuned shape or a captured layer was never drawn for a split.
+ROLES = {"train": ("train", "random-train"), "val": ("val", "random-val"), "test": ("test", "random-test")}
 
 
 def classes(p: GemmProblem) -> tuple[str, ...]:

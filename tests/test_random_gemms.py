@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from graphs import GemmProblem
-from graphs.classes import ALL_SPLITS, CLASSES, classes, split_of
+from graphs.classes import ALL_SPLITS, CLASSES, ROLES, classes, split_of
 from graphs.random_gemms import (BYTES_CAP, EPILOGUES, FLOP_CAP, MODEL, SPLITS, draw, problems,
                                  split_of_shape)
 from graphs.suite import suite
@@ -84,6 +84,12 @@ def test_stored_problems_find_their_split():
     assert split_of(GemmProblem(16, 4096, 4096, model="Llama-3-70B-TP8")) == "val"
     assert split_of(GemmProblem(16, 4096, 4096)) == "other"
     assert ALL_SPLITS[:3] == ("train", "val", "test") and ALL_SPLITS[-1] == "other"
+
+
+def test_every_split_but_other_has_one_role():
+    named = [s for splits in ROLES.values() for s in splits]
+    assert sorted(named) == sorted(ALL_SPLITS[:-1])  # each once: no split is both trained on and held out
+    assert all(role in splits and f"random-{role}" in splits for role, splits in ROLES.items())
 
 
 def test_unknown_split_and_endless_count_are_refused():
