@@ -51,6 +51,8 @@ def test_a_tiny_seeded_run_trains_and_ships_a_loadable_checkpoint(tmp_path, cost
                         wandb=cost_model == 1)  # one W&B run a process
     card = run(args)
     assert card["data"]["train"]["problems"] == 6 and card["data"]["val"]["problems"] == 3
+    assert card["data"]["train"]["problems_by_split"] == {"train": 6}
+    assert card["roles"]["train"] == ["train", "random-train"]
     assert card["epochs_run"] == 3 and card["gpus"] == [GPU.name]
     assert card["model_config"]["cost_model"] == cost_model
     assert card["metrics"]["train/loss"] == pytest.approx(PINNED_LOSS[cost_model], abs=1e-3)

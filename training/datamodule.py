@@ -1,8 +1,13 @@
-"""The DataModule: samples from the measurement database, split by model family (graphs.suite).
+"""The DataModule: samples from the measurement database, split by `graphs.classes.ROLES`.
+
+`samples["train"]` holds the problems of the train families and of random-train, `"val"` those
+of the val families and random-val, `"test"` those of the test families and random-test: only
+the first two are ever loaded into batches, so neither test split weighs on training, early
+stopping or the choice of a checkpoint. A problem's split is `graphs.classes.split_of`'s.
 
 With imported demonstrations, training batches are dicts {"measured": ..., "imported": ...}
 (Lightning's CombinedLoader, mode max_size_cycle: an epoch is a pass over the longer of the two,
-the shorter one cycles). Demonstrations of validation or test families are left out, like
+the shorter one cycles). Demonstrations of validation or test problems are left out, like
 their measurements.
 """
 from __future__ import annotations
@@ -13,7 +18,8 @@ from typing import Sequence
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from graphs.suite import SPLITS
+from graphs.classes import ROLES
+from graphs.suite import SPLITS as FAMILY_SPLITS
 from hardware_specs.features import GpuVocab
 from gnn_policy.database import Database
 from gnn_policy.snapshot import load_shipped
@@ -46,15 +52,16 @@ class MeasurementDataModule(pl.LightningDataModule):
         with Database(self.db) as db:
             if self.load_snapshot:
                 load_shipped(db)
-            for name, families in SPLITS.items():
-                self.samples[name] = load_samples(db, self.gpus, self.space, families, self.named_weight)
+            for role, splits in ROLES.items():
+                self.samples[role] = load_samples(db, self.gpus, self.space, splits, self.named_weight)
         if not self.samples["train"]:
-            raise ValueError(f"{self.db}: no training problems measured on {', '.join(self.gpus)} "
-                             f"(train families: {', '.join(SPLITS['train'])})")
-        self.imported = demonstration_samples(self.demos, self.space, SPLITS["train"])
-        if self.demos and not self.imported:
+            raise ValueError(f"{self.db}: no training problems measured on {', '.join(self.gpus)}: none of the "
+                             f"train families ({', '.join(FAMILY_SPLITS['train'])}) and none of random-train "
+                             "(graphs/random_gemms.py)")
+        self.imported = demonstration_samples(self.demos, self.space, ROLES["train"])
+        if self.demos and not self.imported:  # demonstrations are of suite shapes: random ones have none
             raise ValueError(f"none of the {len(self.demos)} imported demonstrations is of a train family "
-                             f"({', '.join(SPLITS['train'])})")
+                             f"({', '.join(FAMILY_SPLITS['train'])})")
 
     def _loader(self, samples: list[Sample], shuffle: bool) -> DataLoader:
         return DataLoader(samples, batch_size=self.batch_size, shuffle=shuffle,

@@ -10,7 +10,12 @@ speed e^(-ln 2 / T) times less.
 The named lists (tutorial, Inductor, seed) are measured on every problem, besides a random
 sample of the space: 38% of the rows of the shipped train problems, and the best row of 152 of
 280. So that the targets follow the space rather than the collection plan, their rows weigh
-`named_weight` (a per-row weight that the listwise target, ranking and regression read).
+`named_weight` (a per-row weight that the listwise target, ranking and regression read), on
+suite and random problems alike: `collect` measures the lists on both.
+
+Which problems a caller gets is decided by split name (`graphs.classes.split_of`: a suite
+split by family or a random split by hash); `graphs.classes.ROLES` says which splits train,
+validate and test.
 
 Imported demonstrations (`training.imported`) become samples of the same shape, kept apart
 from the measured ones: `configs` holds the demonstrated configs, `log_tflops` zeros (they
@@ -29,6 +34,7 @@ from torch_geometric.data import Batch, Data
 import hardware_specs
 from graphs import GemmProblem
 from graphs.build import problem_graph
+from graphs.classes import ALL_SPLITS, split_of
 from hardware_specs.features import GpuVocab, spec_vector
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
@@ -51,15 +57,25 @@ class Sample:
 NAMED_KEYS = frozenset(c.key for configs in NAMED_LISTS.values() for c in configs)
 
 
+def _known(splits: Sequence[str] | None) -> Sequence[str] | None:
+    """`splits` itself, once every name is a split: a family name here would silently select nothing."""
+    unknown = sorted(set(splits or ()) - set(ALL_SPLITS))
+    if unknown:
+        raise KeyError(f"unknown split {', '.join(unknown)}; known: {', '.join(ALL_SPLITS)}")
+    return splits
+
+
 def load_samples(db: Database, gpus: Sequence[str], space: ConfigSpace,
-                 families: Sequence[str] | None = None, named_weight: float = 1.0) -> list[Sample]:
-    """Samples of the given GPUs, restricted to problems of `families` (None: all)."""
+                 splits: Sequence[str] | None = None, named_weight: float = 1.0) -> list[Sample]:
+    """Samples of the given GPUs, restricted to problems of `splits` (split names of
+    `graphs.classes.ALL_SPLITS`, e.g. `ROLES["train"]` or `("random-train",)`; None: all)."""
+    splits = _known(splits)
     out = []
     for gpu in gpus:
         failed_by_problem = db.failed_configs(gpu)
         spec = hardware_specs.load(gpu)
         for p in db.problems(gpu):
-            if families is None or p.model in families:
+            if splits is None or split_of(p) in splits:
                 sample = measured_sample(p, spec, db.tflops(gpu, p.key), failed_by_problem.get(p.key, ()), space,
                                          named_weight)
                 out += [sample] if sample else []
@@ -88,11 +104,13 @@ def measured_sample(p: GemmProblem, spec: hardware_specs.GpuSpec, figs: dict[str
 
 
 def demonstration_samples(demos: Sequence[Demonstration], space: ConfigSpace,
-                          families: Sequence[str] | None = None) -> list[Sample]:
-    """One sample per (GPU, problem) of `families` (None: all), holding every config demonstrated for it."""
+                          splits: Sequence[str] | None = None) -> list[Sample]:
+    """One sample per (GPU, problem) of `splits` (as `load_samples`'s; None: all), holding every
+    config demonstrated for it."""
+    splits = _known(splits)
     groups: dict[tuple[str, str], list[Demonstration]] = {}
     for d in demos:
-        if families is None or d.problem.model in families:
+        if splits is None or split_of(d.problem) in splits:
             groups.setdefault((d.gpu, d.problem.key), []).append(d)
     return [Sample(problem=ds[0].problem, gpu=gpu, graph=problem_graph(ds[0].problem),
                    configs=torch.tensor([space.index(d.config) for d in ds]),

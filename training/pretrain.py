@@ -1,4 +1,8 @@
-"""`gnn-policy pretrain`: train the policy on real measurements of the train families.
+"""`gnn-policy pretrain`: train the policy on real measurements of the training problems.
+
+Training problems are the train families' and random-train's, validation (the logged val/
+figures) the val families' and random-val's (`graphs.classes.ROLES`); no test problem of
+either kind is read for training or validation.
 
 With `--imitation-weight` above 0 the policy also imitates the imported vLLM / SGLang configs
 (`training.imported`) of the train families; their GPUs get learned embeddings too.
@@ -13,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from gnn_policy.args import at_least, flag, one_of, positive
@@ -30,7 +35,7 @@ def cost_model_flag(text: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PretrainArgs:
-    """Pretrain the policy on the measurement database (train families; val families for validation)."""
+    """Pretrain the policy on the measurement database (train families + random-train; val families + random-val)."""
 
     db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
     config: str = flag("", "a JSON file of these fields; flags given on the command line override it")
@@ -82,6 +87,7 @@ def run(args: PretrainArgs) -> dict | None:
     import torch_geometric
 
     from hardware_specs.features import GpuVocab
+    from graphs.classes import ROLES, split_of
     from graphs.suite import SPLITS
     from gnn_policy.model import ModelConfig
     from gnn_policy.policy import save_checkpoint
@@ -117,10 +123,12 @@ def run(args: PretrainArgs) -> dict | None:
     card = {
         "checkpoint": "pretrained.pt", "job": "pretrain", "args": dataclasses.asdict(args),
         "model_config": dataclasses.asdict(model_config), "gpus": list(args.gpus),
-        "data": {name: {"problems": len(s), "measured_configs": sum(len(x.configs) for x in s)}
-                 for name, s in data.samples.items()},
+        "data": {role: {"problems": len(s), "measured_configs": sum(len(x.configs) for x in s),
+                        "problems_by_split": dict(Counter(split_of(x.problem) for x in s))}
+                 for role, s in data.samples.items()},
         "snapshot": sorted(p.name for p in SHIPPED.glob("*.jsonl.gz")),
         "splits": {name: list(families) for name, families in SPLITS.items()},
+        "roles": {role: list(splits) for role, splits in ROLES.items()},  # what "data" counts under each key
         "metrics": {k: round(float(v), 5) for k, v in sorted(trainer.callback_metrics.items())},
         "epochs_run": trainer.current_epoch, "train_seconds": round(time.time() - start, 1),
         "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,

@@ -29,7 +29,7 @@ import torch
 import hardware_specs
 from graphs import GemmProblem
 from graphs.build import problem_graph
-from graphs.suite import SPLITS
+from graphs.classes import ROLES
 from hardware_specs import GpuSpec, SpecError
 from gnn_policy.pools import config_pool, stratified_configs
 from gnn_policy.database import Database
@@ -116,10 +116,11 @@ def canonical(names: Sequence[str], what: str) -> tuple[str, ...]:
 
 def real_samples(db: Database, space_: ConfigSpace, skip: Sequence[str],
                  named_weight: float = 1.0) -> dict[str, list[Sample]]:
-    """Train-family samples of every GPU with correct real rows in `db`, except `skip`; rows of
-    the named lists weigh `named_weight` (`training.dataset`)."""
+    """Samples of the training problems (train families and random-train) of every GPU with
+    correct real rows in `db`, except `skip`; rows of the named lists weigh `named_weight`
+    (`training.dataset`)."""
     gpus = [name for name, counts in db.stats()["gpus"].items() if counts["real_ok"] and name not in skip]
-    found = {gpu: load_samples(db, [gpu], space_, SPLITS["train"], named_weight) for gpu in gpus}
+    found = {gpu: load_samples(db, [gpu], space_, ROLES["train"], named_weight) for gpu in gpus}
     return {gpu: samples for gpu, samples in found.items() if samples}
 
 
@@ -127,12 +128,12 @@ def build_tasks(hold_out: Sequence[str], simulate: Sequence[str], sim: Simulatio
                 db: Database | None = None, demos: Sequence[Demonstration] = (),
                 named_weight: float = 1.0) -> list[Task]:
     """One task per GPU that is not held out: real rows of `db` (None: no real tasks), else
-    simulated on `problems` where `simulate` names it, plus its train-family demonstrations."""
+    simulated on `problems` where `simulate` names it, plus its demonstrations of training problems."""
     held = canonical(hold_out, "--hold-out")
     simulated = [g for g in canonical(simulate, "--simulate") if g not in held]
     real = real_samples(db, sim.space, held, named_weight) if db is not None else {}
     imported: dict[str, list[Sample]] = {}
-    for s in demonstration_samples([d for d in demos if d.gpu not in held], sim.space, SPLITS["train"]):
+    for s in demonstration_samples([d for d in demos if d.gpu not in held], sim.space, ROLES["train"]):
         imported.setdefault(s.gpu, []).append(s)
     gpus = sorted({*simulated, *real, *imported})
     if not gpus:
