@@ -4,6 +4,7 @@ from the meta weights lowers a task's loss, and bad GPU lists are clear errors."
 import json
 import random
 import subprocess
+from collections import Counter
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytorch_lightning as pl
 import torch
 
 import hardware_specs
+from graphs.classes import split_of
 from graphs.suite import split
 from gnn_policy.collect import select_problems
 from gnn_policy.database import Database
@@ -28,7 +30,7 @@ from training.meta_data import MetaDataModule, Step
 from training.meta_pretrain import ANALYTIC, MetaPretrainArgs, run
 from training.dataset import collate
 from training.objective import LossWeights
-from training.tasks import Simulation, TaskError, build_tasks, held_out
+from training.tasks import Simulation, TaskError, build_tasks, held_out, role_problems
 
 H200 = hardware_specs.load("h200")
 SLICE = hardware_specs.load("h200-sm64")
@@ -160,14 +162,36 @@ def test_plain_mode_keeps_one_adam_and_takes_no_reptile_step(plain):
 
 
 def test_the_cli_writes_the_plain_comparator_beside_the_meta_checkpoint(tmp_path):
-    card = run(MetaPretrainArgs(db=str(tmp_path / "m.sqlite"), simulate=("a100", "h200"), problems=2, configs=4,
-                                val_problems=2, epochs=1, steps_per_epoch=1, inner_steps=1, batch_size=2, hidden=8,
-                                layers=1, imitation_weight=0, out=str(tmp_path / "ckpt"),
-                                log_dir=str(tmp_path / "runs"), wandb=False, plain=True))
+    card = run(MetaPretrainArgs(db=str(tmp_path / "m.sqlite"), simulate=("a100", "h200"), problems=2,
+                                random_problems=1, configs=4, val_problems=2, random_val_problems=1, epochs=1,
+                                steps_per_epoch=1, inner_steps=1, batch_size=2, hidden=8, layers=1,
+                                imitation_weight=0, out=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "runs"),
+                                wandb=False, plain=True))
     assert card["checkpoint"] == "plain.pt" and card["algorithm"]["name"] == "plain multi-task"
+    assert card["tasks"][0]["problems"] == 3 and card["validation"]["query_problems"] == 3  # suite + random
     assert card["algorithm"]["epsilon"] == card["algorithm"]["epsilon_end"] == 1.0
     assert Policy.load(tmp_path / "ckpt" / "plain.pt") and (tmp_path / "ckpt" / "plain.card.json").exists()
     assert not (tmp_path / "ckpt" / "meta.pt").exists()
+
+
+def test_tasks_and_validation_read_training_and_validation_problems_alone(tmp_path):
+    from test_datamodule import PROBLEMS, keys_of, split_rows
+
+    split_rows(tmp_path / "m.sqlite", SLICE)  # every split, test ones and a tuned shape included
+    with Database(tmp_path / "m.sqlite") as db:
+        (task,) = build_tasks(("h200",), (), SIM, [], db)
+    assert task.gpu == SLICE.name and task.source == "real"
+    assert {s.problem.key for s in task.samples} == keys_of("train", "random-train")
+    simulated = role_problems("train", 2, 3, 0)
+    assert Counter(split_of(p) for p in simulated) == {"train": 2, "random-train": 3}
+    assert Counter(split_of(p) for p in role_problems("val", 2, 1, 0)) == {"val": 2, "random-val": 1}
+    assert role_problems("train", 2, 0, 0) == select_problems("train", 2, 0)  # no random ones: as before
+    with pytest.raises(TaskError, match="simulated tasks' problems must be train problems .* random-test"):
+        build_tasks(("h200",), ("a100",), SIM, [*simulated, *PROBLEMS["random-test"]])
+    with pytest.raises(TaskError, match="query problems must be val problems .* test"):
+        held_out(("h200",), SIM, simulated, PROBLEMS["test"])
+    with pytest.raises(TaskError, match="support problems must be train problems .* random-val"):
+        held_out(("h200",), SIM, PROBLEMS["random-val"], [])
 
 
 def test_real_weight_draws_tasks_of_real_rows_that_many_times_as_often():

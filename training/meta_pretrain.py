@@ -2,10 +2,13 @@
 
 Tasks are the GPUs not held out: real measurements where the database has them (SM slices
 included), the analytic model's labels for the GPUs to simulate, and imported vLLM / SGLang
-demonstrations. The held-out GPUs (default: the full H200, which the transfer experiment
-holds out) are in no task; validation adapts a copy of the meta weights to each of them with
-k inner steps on simulated train-family problems and scores val-family problems before and
-after, at the start, after every epoch and at the end.
+demonstrations. A task's problems are training problems (`graphs.classes.ROLES`): a real
+task's are every measured one of the train families and random-train; a simulated task's are
+`--problems` of the train families and `--random-problems` of random-train. The held-out GPUs
+(default: the full H200, which the transfer experiment holds out) are in no task; validation
+adapts a copy of the meta weights to each of them with k inner steps on simulated train-family
+problems and scores val-family (and `--random-val-problems` random-val) problems before and
+after, at the start, after every epoch and at the end. No test problem of either kind is read.
 
 Writes `<out>/meta.pt` in the format of pretrained.pt (the model's state_dict and its
 ModelConfig: `Policy.load` and `gnn-policy finetune --checkpoint` read it) and
@@ -58,8 +61,13 @@ class MetaPretrainArgs:
     analytic: str = flag(str(ANALYTIC), "the fitted analytic model that labels simulated samples")
     problems: int = flag(0, "train-family problems per simulated GPU, spread over the families (0: all)",
                          check=at_least(0))
+    random_problems: int = flag(0, "random-train problems per simulated GPU besides the train families' "
+                                   "(graphs/random_gemms.py; 0: none). Real tasks take every measured one",
+                                check=at_least(0))
     configs: int = flag(64, "configs per simulated problem, stratified by (variant, SPLIT_K)", check=at_least(1))
     val_problems: int = flag(64, "val-family problems each held-out GPU is scored on", check=at_least(1))
+    random_val_problems: int = flag(0, "random-val problems each held-out GPU is also scored on (0: none)",
+                                    check=at_least(0))
     epochs: int = flag(40, "epochs; validation after each", check=at_least(1))
     steps_per_epoch: int = flag(50, "meta-steps (one task each) per epoch", check=at_least(1))
     inner_steps: int = flag(5, "k: Adam steps on one task per meta-step, and on a held-out GPU in validation",
@@ -177,14 +185,13 @@ def run(args: MetaPretrainArgs) -> dict | None:
 
 def _tasks(args: MetaPretrainArgs) -> tuple[list[Task], list[HeldOut], ConfigSpace, str | None]:
     """(tasks, held-out GPUs' validation data, config space, GPU the analytic model was fitted on)."""
-    from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
     from gnn_policy.measure.simulator import fitted_gpus, load_fitted
     from gnn_policy.model import ModelConfig
     from gnn_policy.snapshot import load_shipped
     from gnn_policy.space import space
     from training.imported import load_demonstrations
-    from training.tasks import Simulation, build_tasks, canonical, held_out
+    from training.tasks import Simulation, build_tasks, canonical, held_out, role_problems
 
     sim = Simulation(load_fitted(args.analytic), space(ModelConfig.space), args.configs, args.seed)
     fitted_on = fitted_gpus(args.analytic)
@@ -196,10 +203,11 @@ def _tasks(args: MetaPretrainArgs) -> tuple[list[Task], list[HeldOut], ConfigSpa
     demos = load_demonstrations(args.imported, ModelConfig.space)[0] if args.imitation_weight > 0 else []
     with Database(args.db) as db:
         load_shipped(db)
-        tasks = build_tasks(args.hold_out, args.simulate, sim, select_problems("train", args.problems, args.seed),
+        tasks = build_tasks(args.hold_out, args.simulate, sim,
+                            role_problems("train", args.problems, args.random_problems, args.seed),
                             db if args.real else None, demos, named_weight=args.named_weight)
-    held = held_out(args.hold_out, sim, select_problems("train", args.inner_steps * args.batch_size, args.seed),
-                    select_problems("val", args.val_problems, args.seed))
+    held = held_out(args.hold_out, sim, role_problems("train", args.inner_steps * args.batch_size, 0, args.seed),
+                    role_problems("val", args.val_problems, args.random_val_problems, args.seed))
     return tasks, held, sim.space, fitted_on
 
 

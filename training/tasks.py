@@ -1,20 +1,20 @@
 """Meta-learning tasks: one GPU each, with its training samples (DESIGN §4, §5).
 
-A task is a GPU and what is known of its speed on the train-family problems, from up to
-three sources:
-- real: the GPU's correct measurements in the database. Today that is the H200; an SM slice
-  (`H200-SXM-141GB-sm64`) becomes a task as soon as the database has rows for it;
-- simulated: for each problem, a stratified, seeded sample of valid configs timed by the
-  analytic model (checkpoints/analytic-slices.json by default), built in memory;
+A task is a GPU and what is known of its speed on the training problems (`graphs.classes.ROLES`
+["train"]: the train families and random-train), from up to three sources:
+- real: the GPU's correct measurements in the database of those problems. Today that is the
+  H200; an SM slice (`H200-SXM-141GB-sm64`) becomes a task as soon as the database has rows for it;
+- simulated: for each problem the caller gives, a stratified, seeded sample of valid configs
+  timed by the analytic model (checkpoints/analytic-slices.json by default), built in memory;
 - imported: the vLLM / SGLang winners for the GPU (`training.imported`), imitation targets.
 A GPU with real rows takes them instead of simulated ones: two label sets of one GPU would
 disagree, and the measured one is what the simulator only approximates. Imported
 demonstrations join either.
 
 Held-out GPUs are in no task, from any source. Their simulated samples serve only validation
-(`HeldOut`): a few adaptation steps on train-family problems, then val-family problems
-scored. An SM slice of a held-out GPU is another GPU (fewer SMs) and stays a task unless it
-is held out too.
+(`HeldOut`): a few adaptation steps on training problems, then validation problems scored.
+An SM slice of a held-out GPU is another GPU (fewer SMs) and stays a task unless it is held
+out too. Simulated problems of the wrong role are refused, so no test problem can enter.
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ import torch
 import hardware_specs
 from graphs import GemmProblem
 from graphs.build import problem_graph
-from graphs.classes import ROLES
+from graphs.classes import ROLES, split_of
 from hardware_specs import GpuSpec, SpecError
+from gnn_policy.collect import select_problems
 from gnn_policy.pools import config_pool, stratified_configs
 from gnn_policy.database import Database
 from gnn_policy.measure.simulator import AnalyticModel
@@ -63,8 +64,8 @@ class HeldOut:
     """A held-out GPU's validation data, simulated."""
 
     gpu: str
-    support: list[Sample]  # train-family problems: what the adaptation steps see
-    query: list[Sample]  # val-family problems: what the policy is scored on before and after
+    support: list[Sample]  # training problems: what the adaptation steps see
+    query: list[Sample]  # validation problems: what the policy is scored on before and after
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,22 @@ def canonical(names: Sequence[str], what: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def role_problems(role: str, count: int, random_count: int, seed: int) -> list[GemmProblem]:
+    """Problems of a role of `graphs.classes.ROLES` to simulate: `count` of its suite split,
+    spread over the families (0: all), then the first `random_count` of its random split (0: none)."""
+    family, random_split = ROLES[role]
+    return select_problems(family, count, seed) + (select_problems(random_split, random_count, seed)
+                                                   if random_count else [])
+
+
+def _check_role(problems: Sequence[GemmProblem], role: str, what: str) -> None:
+    """Refuse `problems` outside the role's splits: a test problem in a task or a validation
+    query would leak into training or into the choice of weights."""
+    stray = sorted({split_of(p) for p in problems} - set(ROLES[role]))
+    if stray:
+        raise TaskError(f"{what} must be {role} problems ({', '.join(ROLES[role])}); got some of {', '.join(stray)}")
+
+
 def real_samples(db: Database, space_: ConfigSpace, skip: Sequence[str],
                  named_weight: float = 1.0) -> dict[str, list[Sample]]:
     """Samples of the training problems (train families and random-train) of every GPU with
@@ -129,6 +146,7 @@ def build_tasks(hold_out: Sequence[str], simulate: Sequence[str], sim: Simulatio
                 named_weight: float = 1.0) -> list[Task]:
     """One task per GPU that is not held out: real rows of `db` (None: no real tasks), else
     simulated on `problems` where `simulate` names it, plus its demonstrations of training problems."""
+    _check_role(problems, "train", "simulated tasks' problems")
     held = canonical(hold_out, "--hold-out")
     simulated = [g for g in canonical(simulate, "--simulate") if g not in held]
     real = real_samples(db, sim.space, held, named_weight) if db is not None else {}
@@ -153,10 +171,12 @@ def build_tasks(hold_out: Sequence[str], simulate: Sequence[str], sim: Simulatio
 
 def held_out(hold_out: Sequence[str], sim: Simulation, support: Sequence[GemmProblem],
              query: Sequence[GemmProblem]) -> list[HeldOut]:
-    """Validation data of each held-out GPU: simulated `support` (train-family) and `query`
-    (val-family) problems. At least one GPU must be held out: adapting to it is what
+    """Validation data of each held-out GPU: simulated `support` (training) and `query`
+    (validation) problems. At least one GPU must be held out: adapting to it is what
     validation measures."""
     if not hold_out:
         raise TaskError("hold out at least one GPU (--hold-out): validation measures adaptation to it")
+    _check_role(support, "train", "the held-out GPUs' support problems")
+    _check_role(query, "val", "the held-out GPUs' query problems")
     return [HeldOut(gpu, sim.samples(spec, support), sim.samples(spec, query))
             for gpu, spec in ((g, hardware_specs.load(g)) for g in canonical(hold_out, "--hold-out"))]
