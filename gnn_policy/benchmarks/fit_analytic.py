@@ -1,6 +1,7 @@
 """Fit the analytic time model (`gnn_policy.measure.simulator`) on real measurements of one or
-more GPUs and report how well it predicts: fitted on the train families, checked on the others
-(and per GPU).
+more GPUs and report how well it predicts: fitted on the training problems (the train families
+and random-train, `graphs.classes.ROLES`), checked on the validation and test ones (and per
+GPU); rows of other problems (a tuned shape, a captured layer) are in neither.
 
     python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --out checkpoints/analytic.json
     python -m gnn_policy.benchmarks.fit_analytic --db /tmp/sim.sqlite --gpu h200-sm16,h200-sm32,h200-sm64,h200-sm96 \
@@ -24,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import hardware_specs
-from graphs.suite import SPLITS
+from graphs.classes import ROLES, split_of
 from gnn_policy.database import Database, problem_from_fields
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.measure.simulator import AnalyticModel, fit
@@ -68,9 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     every = [(problem_from_fields(r["problem_fields"]), TileConfig.from_key(r["config"]), known[r["gpu"]],
               r["median_ms"]) for r in rows]
     data = [d for d in every if d[2].name in gpus]
-    family = {f: s for s, fs in SPLITS.items() for f in fs}
-    train = [d for d in data if family[d[0].model] == "train"]
-    held_out = [d for d in data if family[d[0].model] != "train"]
+    train = [d for d in data if split_of(d[0]) in ROLES["train"]]
+    held_out = [d for d in data if split_of(d[0]) in ROLES["val"] + ROLES["test"]]
     model = fit([d[:3] for d in train], [d[3] for d in train])
     report = {"gpus": sorted(gpus), "coefficients": dataclasses.asdict(model),
               "train": evaluate(model, train), "val_and_test": evaluate(model, held_out)}
