@@ -45,8 +45,11 @@ def test_calibration_file_beside_the_checkpoint(tmp_path):
 
 def test_report_fits_on_train_and_checks_on_the_rest():
     rows = [{"split": s, "predicted": 4 * m, "measured": m, "roof": 100.0}
-            for s, m in [("train", 10.0), ("train", 40.0), ("val", 20.0), ("test", 5.0)]]
+            for s, m in [("train", 10.0), ("random-train", 40.0), ("val", 20.0), ("test", 5.0)]]
+    rows.append({"split": "random-test", "predicted": 8.0, "measured": 1.0, "roof": 100.0})
     out = report(rows, "X")
     assert out["slope"] == pytest.approx(1.0) and out["intercept"] == pytest.approx(-math.log(4), abs=1e-4)
     assert out["val_and_test"]["calibrated"] == {"median_abs_log_error": 0.0, "within_20pct": 1.0, "rows": 2}
     assert out["val_and_test"]["raw"]["within_20pct"] == 0.0
+    assert set(out["by_split"]) == {"val", "test", "random-test"}  # held out: never a training split
+    assert out["by_split"]["random-test"]["calibrated"]["median_abs_log_error"] == pytest.approx(math.log(2), abs=1e-3)

@@ -4,9 +4,11 @@
 
 For every problem of the GPU with correct real rows, the cost head predicts the TFLOP/s of
 the measured configs and the `--top` it predicts fastest are kept: the configs a user is shown
-first, chosen by prediction, not by outcome. The fit uses the train families and is checked
-on the val and test families (DESIGN's calibration figures: median |log(estimate / measured)|
-and the share within 20%, raw and calibrated). Writes `<checkpoint>.calibration.json`.
+first, chosen by prediction, not by outcome. The fit uses the training role (the train
+families and random-train, `graphs.classes.ROLES`) and is checked on the val and test families
+together (`val_and_test`) and on each held-out split alone (`by_split`: random-test is where a
+user's shapes are), in DESIGN's calibration figures: median |log(estimate / measured)| and the
+share within 20%, raw and calibrated. Writes `<checkpoint>.calibration.json`.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch
 
 import hardware_specs
-from graphs.suite import SPLITS
+from graphs.classes import ROLES, split_of
 from gnn_policy.calibration import Calibration, errors, fit, path_for, roofline_tflops
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
@@ -28,12 +30,11 @@ from gnn_policy.space import TileConfig
 
 def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, top: int) -> list[dict]:
     """(split, predicted, measured, roofline) of the `top` measured configs the cost head likes
-    best, per problem of the suite's families."""
-    family = {f: s for s, fs in SPLITS.items() for f in fs}
+    best, per problem of a suite or random split."""
     space = policy.model.space
     rows = []
     for problem in db.problems(gpu.name):
-        if problem.model not in family:
+        if (split := split_of(problem)) == "other":
             continue
         measured = {TileConfig.from_key(k): tf for k, tf in db.tflops(gpu.name, problem.key).items() if k != CUBLAS}
         configs = [c for c in measured if c in space]
@@ -45,14 +46,14 @@ def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, to
             predicted = policy.cost(h, problem, gpu, idx)[0].exp().tolist()
         roof = roofline_tflops(problem, gpu)
         best = sorted(zip(predicted, configs), key=lambda x: -x[0])[:top]
-        rows += [{"split": family[problem.model], "predicted": p, "measured": measured[c], "roof": roof}
+        rows += [{"split": split, "predicted": p, "measured": measured[c], "roof": roof}
                  for p, c in best]
     return rows
 
 
 def report(rows: list[dict], gpu: str) -> dict:
-    train = [r for r in rows if r["split"] == "train"]
-    held = [r for r in rows if r["split"] != "train"]
+    train = [r for r in rows if r["split"] in ROLES["train"]]
+    held = [r for r in rows if r["split"] in ("val", "test")]
     if not train or not held:
         raise SystemExit(f"need rows of train and of val/test families on {gpu}; got {len(train)} and {len(held)}")
     intercept, slope = fit([r["predicted"] for r in train], [r["measured"] for r in train], [r["roof"] for r in train])
@@ -66,7 +67,9 @@ def report(rows: list[dict], gpu: str) -> dict:
                 "calibrated": errors(fitted, measured)}
 
     return {"intercept": round(intercept, 4), "slope": round(slope, 4),
-            "train": figures(train), "val_and_test": figures(held)}
+            "train": figures(train), "val_and_test": figures(held),
+            "by_split": {name: figures([r for r in rows if r["split"] == name])
+                         for name in sorted({r["split"] for r in rows} - set(ROLES["train"]))}}
 
 
 def main(argv: list[str] | None = None) -> None:
