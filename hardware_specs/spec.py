@@ -4,6 +4,10 @@ Every YAML holds the fields of `GpuSpec` plus a `sources` mapping that names, fo
 numeric field, the datasheet, whitepaper or measurement the value came from. Loading is
 strict: a missing field, an ill-typed value or a field without a source is an error that
 names the file and the field, because a silently wrong spec becomes a silently wrong policy.
+
+One field is optional: `launch_floor_us`, the least time one kernel takes under the project's
+timing (CUDA-graph replays, `gnn_policy.measure.timing`), whatever its size. It is measured, not
+in a datasheet, so only a GPU we ran has one; any other gets `DEFAULT_LAUNCH_FLOOR_US`.
 """
 from __future__ import annotations
 
@@ -20,6 +24,12 @@ import yaml
 SPEC_DIR = Path(__file__).resolve().parent
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 FEATURES = ("tma", "wgmma", "fp8")
+# The floor of a GPU whose YAML has none: the H200's measured one (h200_sxm_141gb.yaml). Launch
+# and a minimal CTA's memory round trip are of the same order on recent GPUs, and a floor of 0
+# leaves a tiny problem's roofline 10-1000x faster than any kernel: a GPU measured some day gets
+# its own figure (`python -m gnn_policy.benchmarks.launch_floor`).
+DEFAULT_LAUNCH_FLOOR_US = 2.5
+DEFAULT_LAUNCH_FLOOR_SOURCE = "default: the H200's measured floor (h200_sxm_141gb.yaml), not measured on this GPU"
 
 
 class SpecError(ValueError):
@@ -49,6 +59,7 @@ class GpuSpec:
     tensor_core_generation: int
     features: dict[str, bool]
     sources: dict[str, str]
+    launch_floor_us: float = DEFAULT_LAUNCH_FLOOR_US  # see the module docstring
     slice_of: str | None = None  # set on SM slices: the full GPU this one is a part of
 
     def __hash__(self) -> int:
@@ -117,6 +128,20 @@ def _mapping(path: Path, raw: dict, field: str, keys: tuple[str, ...], kind: typ
     return out
 
 
+def _launch_floor(path: Path, raw: dict, sources: dict[str, str]) -> float:
+    """The YAML's `launch_floor_us` (positive, with a source), or the default, whose source then
+    says so (written into `sources`)."""
+    if "launch_floor_us" not in raw:
+        sources["launch_floor_us"] = DEFAULT_LAUNCH_FLOOR_SOURCE
+        return DEFAULT_LAUNCH_FLOOR_US
+    value = _typed(path, raw, "launch_floor_us", (int, float))
+    if not (math.isfinite(value) and value > 0):
+        raise _fail(path, "launch_floor_us", f"must be positive, got {value}")
+    if not str(sources.get("launch_floor_us", "")).strip():
+        raise _fail(path, "sources.launch_floor_us", "is missing: every value needs its source")
+    return float(value)
+
+
 def parse(path: Path) -> GpuSpec:
     """Parse and validate one YAML spec file."""
     try:
@@ -144,6 +169,7 @@ def parse(path: Path) -> GpuSpec:
         if not isinstance(sources.get(field), str) or not sources[field].strip():
             raise _fail(path, f"sources.{field}", "is missing: every value needs its source")
     values["sources"] = {k: str(v) for k, v in sources.items()}
+    values["launch_floor_us"] = _launch_floor(path, raw, values["sources"])
     unknown = set(raw) - set(values)
     if unknown:
         raise SpecError(f"{path.name}: unknown fields {sorted(unknown)}")
@@ -196,8 +222,9 @@ def slice_granularity(compute_capability: str) -> tuple[int, int]:
 
 
 def sm_slice(base: GpuSpec, sm_count: int) -> GpuSpec:
-    """`base` restricted to `sm_count` SMs (a CUDA green context): same L2, memory and
-    per-SM limits; peak rates scale with the SM count. A count the driver would round
+    """`base` restricted to `sm_count` SMs (a CUDA green context): same L2, memory, per-SM
+    limits and launch floor (the H200's slices never ran a kernel under it); peak rates scale
+    with the SM count. A count the driver would round
     (`slice_granularity`) is refused: its kernels would run on more SMs than the spec says."""
     if base.slice_of:
         base = load(base.slice_of)

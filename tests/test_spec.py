@@ -61,11 +61,29 @@ def _broken_copy(tmp_path: Path, old: str, new: str) -> Path:
     ("bf16: 989.4,", "bf16: fast,", "peak_tflops.bf16"),
     ("tma: true", "tma: 1", "features.tma"),
     ("  l2_bytes: torch", "  l2_byte: torch", "sources.l2_bytes"),
+    ("launch_floor_us: 2.5", "launch_floor_us: soon", "launch_floor_us"),
+    ("launch_floor_us: 2.5", "launch_floor_us: -1.0", "launch_floor_us"),
+    ("  launch_floor_us: \"python", "  launch_floor: \"python", "sources.launch_floor_us"),
 ])
 def test_bad_yaml_names_file_and_field(tmp_path, old, new, field):
     with pytest.raises(hardware_specs.SpecError) as err:
         spec_mod.parse(_broken_copy(tmp_path, old, new))
     assert "broken.yaml" in str(err.value) and f"'{field}'" in str(err.value)
+
+
+def test_the_launch_floor_is_measured_on_the_h200_and_a_default_elsewhere(tmp_path):
+    h200 = hardware_specs.load("h200")
+    assert h200.launch_floor_us == 2.5 and "2.54 us" in h200.sources["launch_floor_us"]
+    # the default is the H200's measured floor, and says it was not measured on the GPU
+    assert spec_mod.DEFAULT_LAUNCH_FLOOR_US == h200.launch_floor_us
+    h100 = hardware_specs.load("h100")
+    assert h100.launch_floor_us == spec_mod.DEFAULT_LAUNCH_FLOOR_US
+    assert h100.sources["launch_floor_us"] == spec_mod.DEFAULT_LAUNCH_FLOOR_SOURCE
+    assert hardware_specs.load("h200-sm64").launch_floor_us == h200.launch_floor_us  # a slice keeps its GPU's
+    without = spec_mod.parse(_broken_copy(tmp_path, "launch_floor_us: 2.5\n", ""))
+    assert without.launch_floor_us == spec_mod.DEFAULT_LAUNCH_FLOOR_US
+    assert without.sources["launch_floor_us"] == spec_mod.DEFAULT_LAUNCH_FLOOR_SOURCE
+    assert spec_mod.parse(_broken_copy(tmp_path, "launch_floor_us: 2.5", "launch_floor_us: 4")).launch_floor_us == 4.0
 
 
 def test_not_yaml_is_an_error(tmp_path):
