@@ -3,14 +3,24 @@
 The cost head is trained to rank configs; its TFLOP/s are not to scale (2-4x too high on
 the H200, and above the roofline: docs/BENCHMARKS.md). A calibration maps them, per GPU, to
 
-    calibrated = R x exp(min(0, intercept + slope x log(predicted / R)))
+    calibrated = min(B, R x exp(min(0, intercept + slope x log(predicted / R))))
 
-where R is the problem's roofline on the GPU (FLOPs at the spec's peak or bytes at its
-bandwidth, whichever takes longer), so no calibrated figure exceeds it. The two numbers are a
-least-squares fit on real measurements of the configs the cost head likes best
+- R, the roofline of the work: FLOPs at the spec's peak or bytes at its bandwidth, whichever
+  takes longer. The cost head's efficiency is relative to it (`cost_features.problem_vector`),
+  so the fitted line is too.
+- B, the bound: R's time plus the GPU's launch floor (`GpuSpec.launch_floor_us`). Under
+  CUDA-graph timing no kernel on the H200 took less than 2.5 us, so a tiny problem's R
+  (1x2x56x105: 0.003 us) is 1000x faster than any kernel; B is what physics allows, and no
+  calibrated figure exceeds it. The floor is added rather than a max: on the training problems
+  the sum fits the best-known times better (`gnn_policy.benchmarks.launch_floor`).
+
+The floor caps the line instead of being its base because the shipped cost head was trained
+without it: its efficiencies carry the floor's share of a small problem's time already, and
+a line fitted on B counted it twice (val median |log error| 0.181 -> 0.234). The two numbers
+are a least-squares fit on real measurements of the configs the cost head likes best
 (`python -m gnn_policy.benchmarks.calibrate`), stored beside the checkpoint as
 `<checkpoint>.calibration.json` with the fit's held-out error. A GPU without a fit gets the
-cost head's figure capped at the roofline, and says so.
+cost head's figure capped at B, and says so.
 """
 from __future__ import annotations
 
@@ -24,11 +34,18 @@ from graphs import GemmProblem
 from hardware_specs import GpuSpec
 
 
-def roofline_tflops(problem: GemmProblem, gpu: GpuSpec) -> float:
-    """The fastest any kernel can run `problem` on `gpu`: peak FLOP/s or bandwidth, whichever binds."""
+def roofline_us(problem: GemmProblem, gpu: GpuSpec, floor: bool = True) -> float:
+    """The least time any kernel can take for `problem` on `gpu`, in microseconds: peak FLOP/s or
+    bandwidth, whichever binds, plus the launch floor (without it when `floor` is False: the
+    work alone)."""
     peak = gpu.peak("tf32" if problem.dtype == "fp32" else problem.dtype) * 1e12
-    seconds = max(problem.flops / peak, problem.bytes_min() / (gpu.memory_bandwidth_gbps * 1e9))
-    return problem.flops / seconds / 1e12
+    work = max(problem.flops / peak, problem.bytes_min() / (gpu.memory_bandwidth_gbps * 1e9)) * 1e6
+    return work + gpu.launch_floor_us if floor else work
+
+
+def roofline_tflops(problem: GemmProblem, gpu: GpuSpec, floor: bool = True) -> float:
+    """The fastest any kernel can run `problem` on `gpu`, in TFLOP/s (`roofline_us`)."""
+    return problem.flops / roofline_us(problem, gpu, floor) / 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +56,10 @@ class Calibration:
     intercept: float
     slope: float
 
-    def apply(self, predicted_tflops: float, roof: float) -> float:
-        """The calibrated TFLOP/s of a prediction for a problem whose roofline is `roof` TFLOP/s."""
-        return roof * math.exp(min(0.0, self.intercept + self.slope * math.log(predicted_tflops / roof)))
+    def apply(self, predicted_tflops: float, roof: float, bound: float) -> float:
+        """The calibrated TFLOP/s of a prediction for a problem whose roofline of the work is
+        `roof` TFLOP/s and whose bound (the roofline with the launch floor) is `bound`."""
+        return min(bound, roof * math.exp(min(0.0, self.intercept + self.slope * math.log(predicted_tflops / roof))))
 
 
 def path_for(checkpoint: str | Path) -> Path:
@@ -62,15 +80,16 @@ def load(checkpoint: str | Path) -> dict[str, Calibration]:
 def calibrated(predicted_tflops: float, problem: GemmProblem, gpu: GpuSpec,
                calibrations: dict[str, Calibration]) -> tuple[float, bool]:
     """(figure, whether a fit for this GPU made it): the calibrated TFLOP/s, or without a fit
-    the cost head's capped at the roofline."""
-    roof = roofline_tflops(problem, gpu)
+    the cost head's capped at the bound (the roofline with the launch floor)."""
+    bound = roofline_tflops(problem, gpu)
     if gpu.name in calibrations:
-        return calibrations[gpu.name].apply(predicted_tflops, roof), True
-    return min(predicted_tflops, roof), False
+        return calibrations[gpu.name].apply(predicted_tflops, roofline_tflops(problem, gpu, floor=False), bound), True
+    return min(predicted_tflops, bound), False
 
 
 def fit(predicted: Sequence[float], measured: Sequence[float], roofs: Sequence[float]) -> tuple[float, float]:
-    """(intercept, slope) of log(measured / R) on log(predicted / R), least squares."""
+    """(intercept, slope) of log(measured / R) on log(predicted / R), least squares; R: each
+    row's roofline of the work (`roofline_tflops(..., floor=False)`)."""
     xs = [math.log(p / r) for p, r in zip(predicted, roofs)]
     ys = [math.log(m / r) for m, r in zip(measured, roofs)]
     n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)

@@ -12,23 +12,46 @@ from gnn_policy.benchmarks.calibrate import report
 H200 = hardware_specs.load("h200")
 
 
-def test_roofline_is_compute_or_bandwidth_bound():
+def test_roofline_is_compute_or_bandwidth_bound_plus_the_launch_floor():
     big = GemmProblem(8192, 8192, 8192)
-    assert cal.roofline_tflops(big, H200) == pytest.approx(H200.peak("bf16"))
+    assert cal.roofline_tflops(big, H200, floor=False) == pytest.approx(H200.peak("bf16"))
+    assert cal.roofline_us(big, H200) == pytest.approx(big.flops / H200.peak("bf16") / 1e6 + 2.5)
     thin = GemmProblem(1, 4096, 4096)  # reads the 32 MiB weight for 2 x 4096 x 4096 FLOPs
-    assert cal.roofline_tflops(thin, H200) == pytest.approx(thin.flops / (thin.bytes_min() / 4.8e12) / 1e12)
+    work_us = thin.bytes_min() / 4.8e12 * 1e6
+    assert cal.roofline_tflops(thin, H200, floor=False) == pytest.approx(thin.flops / work_us / 1e6)
+    assert cal.roofline_tflops(thin, H200) == pytest.approx(thin.flops / (work_us + 2.5) / 1e6)
 
 
-def test_fit_recovers_a_line_and_apply_never_passes_the_roofline():
+def test_a_tiny_problem_takes_at_least_the_launch_floor():
+    """1x2x56x105: 0.003 us of work, measured at 2.54 us at best on the H200."""
+    tiny = GemmProblem(2, 56, 105, b_layout="col", residual=True)
+    assert cal.roofline_us(tiny, H200, floor=False) < 0.01
+    assert cal.roofline_us(tiny, H200) >= H200.launch_floor_us == 2.5
+    for gpu in map(hardware_specs.load, ("a100-sxm4-80gb", "h200-sm64")):  # a default floor, a slice's
+        assert cal.roofline_us(tiny, gpu) >= gpu.launch_floor_us > 0
+
+
+def test_fit_recovers_a_line_and_apply_never_passes_the_bound():
     roofs = [100.0, 200.0, 50.0, 400.0]
     predicted = [300.0, 150.0, 20.0, 900.0]
     measured = [r * math.exp(-1.0 + 0.5 * math.log(p / r)) for p, r in zip(predicted, roofs)]
     intercept, slope = cal.fit(predicted, measured, roofs)
     assert (intercept, slope) == (pytest.approx(-1.0), pytest.approx(0.5))
     c = cal.Calibration("X", intercept=2.0, slope=1.0)
-    assert c.apply(1e6, 100.0) == 100.0 and c.apply(1.0, 100.0) == pytest.approx(math.e ** 2)
+    assert c.apply(1e6, 100.0, 100.0) == 100.0 and c.apply(1.0, 100.0, 100.0) == pytest.approx(math.e ** 2)
+    assert c.apply(1.0, 100.0, 5.0) == 5.0  # the floor's bound caps the line
     with pytest.raises(ValueError, match="two distinct"):
         cal.fit([1.0, 1.0], [1.0, 2.0], [2.0, 2.0])
+
+
+def test_no_calibrated_figure_exceeds_the_bound():
+    fits = {H200.name: cal.Calibration(H200.name, intercept=3.0, slope=1.5)}  # a line far above physics
+    for problem in (GemmProblem(2, 56, 105), GemmProblem(16, 4096, 4096), GemmProblem(8192, 8192, 8192)):
+        bound = cal.roofline_tflops(problem, H200)
+        for predicted in (1e-3, 1.0, 100.0, 1e4):
+            for calibrations in (fits, {}):
+                figure, _ = cal.calibrated(predicted, problem, H200, calibrations)
+                assert 0 < figure <= bound
 
 
 def test_calibration_file_beside_the_checkpoint(tmp_path):
@@ -44,12 +67,13 @@ def test_calibration_file_beside_the_checkpoint(tmp_path):
 
 
 def test_report_fits_on_train_and_checks_on_the_rest():
-    rows = [{"split": s, "predicted": 4 * m, "measured": m, "roof": 100.0}
+    rows = [{"split": s, "predicted": 4 * m, "measured": m, "roof": 100.0, "bound": 90.0}
             for s, m in [("train", 10.0), ("random-train", 40.0), ("val", 20.0), ("test", 5.0)]]
-    rows.append({"split": "random-test", "predicted": 8.0, "measured": 1.0, "roof": 100.0})
+    rows.append({"split": "random-test", "predicted": 8.0, "measured": 1.0, "roof": 100.0, "bound": 0.5})
     out = report(rows, "X")
     assert out["slope"] == pytest.approx(1.0) and out["intercept"] == pytest.approx(-math.log(4), abs=1e-4)
     assert out["val_and_test"]["calibrated"] == {"median_abs_log_error": 0.0, "within_20pct": 1.0, "rows": 2}
     assert out["val_and_test"]["raw"]["within_20pct"] == 0.0
     assert set(out["by_split"]) == {"val", "test", "random-test"}  # held out: never a training split
     assert out["by_split"]["random-test"]["calibrated"]["median_abs_log_error"] == pytest.approx(math.log(2), abs=1e-3)
+    assert out["by_split"]["random-test"]["measured_above_bound"] == 1 and out["by_split"]["val"]["measured_above_bound"] == 0

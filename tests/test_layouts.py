@@ -62,12 +62,12 @@ def test_tune_ranks_the_problem_in_the_layouts_given():
 
 
 def test_tune_shows_calibrated_figures_under_the_roofline():
-    """(16, 4096, 4096) with bias and GELU: its memory traffic alone caps it near 77 TFLOP/s,
-    where the raw cost head once predicted 184."""
+    """(16, 4096, 4096) with bias and GELU: its memory traffic alone (7.0 us) caps it near 77
+    TFLOP/s, where the raw cost head once predicted 184; with the launch floor (2.5 us), 57."""
     from gnn_policy.tune import run, table
 
     _, args = parse(["tune", "--m", "16", "--n", "4096", "--k", "4096", "--bias", "--activation", "gelu"])
     out = run(args)
-    assert out["calibrated"] and 70 < out["roofline_tflops"] < 80
+    assert out["calibrated"] and 55 < out["roofline_tflops"] < 60
     assert all(0 < p["predicted_tflops"] <= out["roofline_tflops"] for p in out["picks"])
     assert f"roofline {out['roofline_tflops']}" in table(out)

@@ -83,3 +83,15 @@ def test_offline_picks_of_the_shipped_policy_are_fractions_of_best_known(tmp_pat
     assert all(0 < g["top1"] <= 1 for g in by_size.values())
     assert out["rule_sweep_top1"]["rerank=16"]["cost_weight=10"] == out["rule_top1"]  # the shipped rule's cell
     assert len({v for row in out["rule_sweep_top1"].values() for v in row.values()}) > 1
+
+
+def test_no_correct_row_beats_the_roofline_with_the_launch_floor(rows):
+    """The bound of `calibration.roofline_us` is physics: no measured kernel was faster."""
+    from gnn_policy.calibration import roofline_us
+    from gnn_policy.database import problem_from_fields
+
+    specs = {}
+    for r in rows:
+        if r["status"] == "ok":
+            gpu = specs.setdefault(r["gpu"], hardware_specs.load(r["gpu"]))
+            assert r["median_ms"] * 1e3 >= roofline_us(problem_from_fields(r["problem_fields"]), gpu), r

@@ -8,7 +8,9 @@ first, chosen by prediction, not by outcome. The fit uses the training role (the
 families and random-train, `graphs.classes.ROLES`) and is checked on the val and test families
 together (`val_and_test`) and on each held-out split alone (`by_split`: random-test is where a
 user's shapes are), in DESIGN's calibration figures: median |log(estimate / measured)| and the
-share within 20%, raw and calibrated. Writes `<checkpoint>.calibration.json`.
+share within 20%, raw, capped at the bound and calibrated, with the rows measured above the
+bound (`measured_above_bound`: the launch floor must keep it at 0). Writes
+`<checkpoint>.calibration.json`.
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ from gnn_policy.space import TileConfig
 
 
 def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, top: int) -> list[dict]:
-    """(split, predicted, measured, roofline) of the `top` measured configs the cost head likes
-    best, per problem of a suite or random split."""
+    """(split, predicted, measured, roof, bound) of the `top` measured configs the cost head
+    likes best, per problem of a suite or random split: roof is the roofline of the work (the
+    fit's base), bound the roofline with the launch floor (`gnn_policy.calibration`)."""
     space = policy.model.space
     rows = []
     for problem in db.problems(gpu.name):
@@ -44,9 +47,9 @@ def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, to
             h, _ = policy.encode(problem, gpu)
             idx = torch.tensor([space.index(c) for c in configs])[None]
             predicted = policy.cost(h, problem, gpu, idx)[0].exp().tolist()
-        roof = roofline_tflops(problem, gpu)
+        roof, bound = roofline_tflops(problem, gpu, floor=False), roofline_tflops(problem, gpu)
         best = sorted(zip(predicted, configs), key=lambda x: -x[0])[:top]
-        rows += [{"split": split, "predicted": p, "measured": measured[c], "roof": roof}
+        rows += [{"split": split, "predicted": p, "measured": measured[c], "roof": roof, "bound": bound}
                  for p, c in best]
     return rows
 
@@ -61,10 +64,11 @@ def report(rows: list[dict], gpu: str) -> dict:
 
     def figures(part: list[dict]) -> dict:
         measured = [r["measured"] for r in part]
-        capped = [min(r["predicted"], r["roof"]) for r in part]
-        fitted = [cal.apply(r["predicted"], r["roof"]) for r in part]
+        capped = [min(r["predicted"], r["bound"]) for r in part]
+        fitted = [cal.apply(r["predicted"], r["roof"], r["bound"]) for r in part]
         return {"raw": errors([r["predicted"] for r in part], measured), "capped_at_roofline": errors(capped, measured),
-                "calibrated": errors(fitted, measured)}
+                "calibrated": errors(fitted, measured),
+                "measured_above_bound": sum(r["measured"] > r["bound"] for r in part)}
 
     return {"intercept": round(intercept, 4), "slope": round(slope, 4),
             "train": figures(train), "val_and_test": figures(held),

@@ -17,7 +17,7 @@ config of the problem, any space), geomean over problems, per split and per clas
 - `random`: a seeded random order.
 Calibration of the bounded model: median |log(predicted / measured)| and the share within 20%
 on all candidates and on the 8 it predicts fastest; the largest predicted / roofline over every
-valid config. Distribution: cross-entropy of the listwise target (softmax of
+valid config (the roofline of the work, the cost head's own bound, without the launch floor). Distribution: cross-entropy of the listwise target (softmax of
 log(TFLOP/s / best) / 0.1 over the candidates) under the cost model's softmax at several
 temperatures and under the heads. Several `--checkpoint`s: the same figures for each (ablations).
 """
@@ -85,7 +85,7 @@ def bounded_orders(policy: Policy, p, gpu, configs: list[TileConfig], values: li
     ce["heads"] = -(target * heads.double()).sum().item()
     top = by_score[:8]
     figures = {"pred": [math.exp(pred[i].item()) for i in range(len(configs))], "top8": top, "ce": ce,
-               "max_over_roof": math.exp(s.log_tflops[0].item()) / roofline_tflops(p, gpu)}
+               "max_over_roof": math.exp(s.log_tflops[0].item()) / roofline_tflops(p, gpu, floor=False)}
     return orders, figures
 
 
