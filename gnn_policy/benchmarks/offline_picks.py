@@ -3,7 +3,7 @@
     python -m gnn_policy.benchmarks.offline_picks --db /tmp/r.sqlite --split val
 
 For each measured problem of the split, the measured configs are ranked two ways:
-- `policy`: by probability;
+- `policy`: by probability (cost_model 1: by predicted TFLOP/s, whose softmax it is);
 - `first pick rule`: the rule of `Policy.top_k` (`policy.first_pick`) applied to them, then
   the others by probability.
 top-1 is the first config's TFLOP/s over best known, best-of-8 the best of the first 8
@@ -21,7 +21,7 @@ import json
 import torch
 
 import hardware_specs
-from graphs.suite import SPLITS
+from graphs.classes import ALL_SPLITS, split_of
 from gnn_policy.benchmarks.data_report import SIZE_GROUPS, geomean
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
@@ -39,7 +39,7 @@ def evaluate(db: Database, policy: Policy, gpu, split: str, global_picks: bool, 
     found = {"top1_measured": 0, "picks_measured": 0, "top1": [], "best_of_8": []}
     groups: dict[str, list[float]] = {name: [] for name in SIZE_GROUPS}
     ranked = []  # per problem: log probabilities, predicted log TFLOP/s and values, most probable first
-    problems = [p for p in db.problems(gpu.name) if p.model in SPLITS[split]]
+    problems = [p for p in db.problems(gpu.name) if split_of(p) == split]
     for p in problems:
         tf = db.tflops(gpu.name, p.key)
         tf.pop(CUBLAS, None)
@@ -48,7 +48,9 @@ def evaluate(db: Database, policy: Policy, gpu, split: str, global_picks: bool, 
         idx = torch.tensor([space_.index(c) for c in configs])[None]
         with torch.no_grad():
             h, mask = policy.encode(p, gpu)
-            logp, cost = policy.model.log_prob(h, idx, mask)[0], policy.cost(h, p, gpu, idx)[0]
+            cost = policy.cost(h, p, gpu, idx)[0]
+            # cost_model 1's distribution is the cost model's softmax: its heads do not rank
+            logp = cost if policy.model.cfg.cost_model == 1 else policy.model.log_prob(h, idx, mask)[0]
         order = logp.argsort(descending=True).tolist()
         value = [tf[configs[i].key] / best for i in order]
         ranked.append(([logp[i].item() for i in order], [cost[i].item() for i in order], value))
@@ -84,7 +86,7 @@ def evaluate(db: Database, policy: Policy, gpu, split: str, global_picks: bool, 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True, help="database (the shipped snapshot is loaded into it)")
-    ap.add_argument("--split", default="val", choices=sorted(SPLITS))
+    ap.add_argument("--split", default="val", choices=[s for s in ALL_SPLITS if s != "other"])
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--global-picks", action="store_true", help="also look up top_k's own 8 picks")
