@@ -7,6 +7,8 @@
   time, and adding the floor under them (bound and feature) counts it twice: the median
   |log error| of their favourites' TFLOP/s went from 0.149 to 0.285 on the training problems
   (0.201 to 0.226 on val). The floor bounds the figures a user sees (`calibration.calibrated`).
+  `log_bound` is the log of the roofline with the floor: a model trained with
+  `ModelConfig.floored_bound` reads it in place of `log_roofline`, as its bound and its feature.
 - `config_values`: each point of a space as numbers (tile sizes, warps, stages, variant).
 - `analytic_features`: how a config covers a problem on a GPU, for any broadcastable batch
   of both: waves and tiles per SM, padding in M, N and K, K iterations (`tile_geometry`),
@@ -34,7 +36,7 @@ from gnn_policy.space import (DTYPE_BYTES, TMA_VARIANTS, ConfigSpace, accumulato
 # The first five are `problem_dims`, what the tile geometry reads (and all the first cost head read).
 PROBLEM_FIELDS = ("batch", "m", "n", "k", "sm_count", "elem_bytes", "a_lead", "b_lead", "c_lead", "a_col", "b_col",
                   "bias", "activation", "residual", "bytes", "smem_per_sm", "threads_per_sm", "balance",
-                  "log_roofline", "log_peak")
+                  "log_roofline", "log_peak", "log_bound")
 PROBLEM_DIM = len(PROBLEM_FIELDS)
 CONFIG_FIELDS = ("block_m", "block_n", "block_k", "split_k", "group_m", "num_warps", "num_stages", "tma", "warpspec")
 GEOMETRY_DIM = 7
@@ -55,7 +57,8 @@ def problem_vector(problem: GemmProblem, gpu: GpuSpec) -> torch.Tensor:
               a_lead, b_lead, problem.n, problem.a_layout == "col", problem.b_layout == "col", problem.bias,
               problem.activation is not None, problem.residual, problem.bytes_min(), gpu.smem_per_sm_bytes,
               gpu.max_threads_per_sm, peak * 1e12 / (gpu.memory_bandwidth_gbps * 1e9),
-              math.log(roofline_tflops(problem, gpu, floor=False)), math.log(peak)]
+              math.log(roofline_tflops(problem, gpu, floor=False)), math.log(peak),
+              math.log(roofline_tflops(problem, gpu, floor=True))]
     return torch.tensor([float(v) for v in values], dtype=torch.float64)
 
 

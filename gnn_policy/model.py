@@ -18,6 +18,8 @@
   `cost_features.analytic_features` (waves, padding, K steps, access widths, shared memory,
   occupancy, the variant, the epilogue). Its first layer is linear in its inputs, which
   `gnn_policy.scoring` uses to score every valid config of a problem in milliseconds.
+  With `floored_bound` the roofline (bound and feature) includes the GPU's launch floor
+  (`calibration.roofline_us`); the shipped checkpoints were trained without it.
 """
 from __future__ import annotations
 
@@ -51,16 +53,31 @@ class ModelConfig:
     cost_model: int = 0  # 0: unbounded cost head (meta-cost0.pt, plain-cost0.pt and older); 1: roofline x efficiency
     cost_features: bool = True  # cost_model 1: read `analytic_features` (False: an ablation)
     encoder: str = "gnn"  # "mlp": the same node features, no message passing (an ablation)
+    floored_bound: bool = False  # cost_model 1: bound and roofline feature include the launch floor (`log_bound`)
 
     def __post_init__(self) -> None:
         if self.cost_model not in (0, 1):
             raise ValueError(f"ModelConfig.cost_model must be 0 or 1, got {self.cost_model!r}")
         if self.encoder not in ("gnn", "mlp"):
             raise ValueError(f"ModelConfig.encoder must be 'gnn' or 'mlp', got {self.encoder!r}")
+        if self.floored_bound and self.cost_model != 1:
+            raise ValueError("ModelConfig.floored_bound bounds the roofline-bounded cost head: it needs cost_model 1")
 
 
 TILE_KNOBS = ("block_m", "block_n", "block_k", "split_k")  # the knobs `tile_geometry` reads, in its order
 LOG_ROOF = PROBLEM_FIELDS.index("log_roofline")
+LOG_BOUND = PROBLEM_FIELDS.index("log_bound")
+
+
+def bound_dims(cfg: ModelConfig, dims: torch.Tensor) -> torch.Tensor:
+    """`problem_vector`s [..., PROBLEM_DIM] as a cost head of `cfg` reads them: with
+    `floored_bound`, the roofline with the launch floor in place of the work's alone (the
+    bound and the roofline feature both read `log_roofline`); else `dims` itself."""
+    if not cfg.floored_bound:
+        return dims
+    out = dims.clone()
+    out[..., LOG_ROOF] = dims[..., LOG_BOUND]
+    return out
 
 
 def weights_version(tensors) -> tuple:
@@ -177,6 +194,7 @@ class PolicyModel(nn.Module):
             if dims is None or dims.shape != (b, PROBLEM_DIM):
                 raise ValueError(f"this model's cost head reads the roofline: pass dims [{b}, {PROBLEM_DIM}] "
                                  "(cost_features.problem_vector of each problem)")
+            dims = bound_dims(self.cfg, dims)
             if self.cfg.cost_features:
                 values = self.point_values[self._prefix_flat(configs, len(self.space.shape))]
                 parts.append(analytic_features(values, dims.to(values)[:, None, :]).to(h.dtype))

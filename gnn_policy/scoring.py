@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from gnn_policy.cost_features import (CONFIG_FIELDS, FEATURE_COLUMNS, PROBLEM_FIELDS, RESOURCE_FIELDS,
                                       access_features, config_values, occupancy_feature, problem_features,
                                       resource_features, tile_features)
-from gnn_policy.model import LOG_ROOF, PolicyModel
+from gnn_policy.model import LOG_ROOF, PolicyModel, bound_dims
 
 # Rows per step: a chunk's activations (2,048 x 128 float32, 1 MB) stay in a core's 2 MB L2,
 # where a pass over all rows at once goes to memory and allocates tens of MB anew
@@ -124,7 +124,7 @@ def score_all(model: PolicyModel, table: ConfigTable, h: torch.Tensor, dims: tor
     problem's `ConfigSpace.problem_mask`, within the table's); h: the problem's context
     [1, hidden] (`Policy.encode`), dims: its `problem_vector`. Float32, equal to
     `PolicyModel.cost` on each config up to rounding."""
-    d = dims.float()
+    d = bound_dims(model.cfg, dims).float()
     if not torch.equal(d[_RESOURCES], table.resources):
         raise ValueError("this ConfigTable was built for another GPU or dtype")
     first, _, last = model.cost_head
