@@ -232,9 +232,8 @@ class Policy:
 
     def _probabilities(self, problem: GemmProblem, gpu: GpuSpec, configs: Sequence[TileConfig]) -> list[float]:
         """p(config) under the cost model's softmax; 0 for configs invalid for this problem."""
-        s, shape = self.scores(problem, gpu), self.model.space.shape
-        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-        flat = torch.tensor([sum(i * st for i, st in zip(self.model.space.index(c), strides)) for c in configs])
+        s = self.scores(problem, gpu)
+        flat = torch.tensor([self.model.space.flat_index(c) for c in configs])
         return s.log_prob(s.by_flat[flat].double()).exp().tolist()  # float64: far tails stay above 0
 
 

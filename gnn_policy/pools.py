@@ -70,14 +70,6 @@ def class_order(problems: Sequence[GemmProblem], seed: int) -> list[GemmProblem]
     return [p for k in sorted(groups, key=rank.get) for p in groups[k]]
 
 
-def flat_index(space_: ConfigSpace, c: TileConfig) -> int:
-    """`c`'s index into the space's flattened masks."""
-    index = 0
-    for i, size in zip(space_.index(c), space_.shape):
-        index = index * size + i
-    return index
-
-
 class ConfigPools:
     """The pool each problem draws its sample from: one per dtype, or with `by_class` one per
     kernel class (seeded by the class, so the classes together cover far more of the space
@@ -98,5 +90,5 @@ class ConfigPools:
                 mask = self.space.mask(self.gpu, p.dtype).flatten()
                 self._valid[p.dtype] = [points[i] for i in mask.nonzero().flatten().tolist()]
             pool = config_pool(self._valid[p.dtype], self.size, f"{self.seed}:{key[1]}" if self.by_class else self.seed)
-            self._pools[key] = pool, torch.tensor([flat_index(self.space, c) for c in pool], dtype=torch.long)
+            self._pools[key] = pool, torch.tensor([self.space.flat_index(c) for c in pool], dtype=torch.long)
         return self._pools[key]

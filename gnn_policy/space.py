@@ -286,6 +286,13 @@ class ConfigSpace:
         except ValueError:
             raise ValueError(f"{config.key} is not in the {self.name!r} space") from None
 
+    def flat_index(self, config: TileConfig) -> int:
+        """`config`'s position in `points` and in `mask`'s flattened entries."""
+        flat = 0
+        for i, size in zip(self.index(config), self.shape):
+            flat = flat * size + i
+        return flat
+
     def at(self, index: tuple[int, ...]) -> TileConfig:
         return TileConfig(**{n: v[i] for (n, v), i in zip(self.knobs, index)})
 

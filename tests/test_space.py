@@ -156,3 +156,11 @@ def test_mask_follows_the_knob_order_and_the_tma_layout_rule():
     pm = full.problem_mask(gpu, lm_head)
     assert not any(pm[full.index(c)] for c in full if c.variant == "tma")
     assert pm.sum() > 0 and full.mask(gpu, "bf16").sum() > pm.sum()
+
+
+def test_flat_index_is_a_points_position_and_a_masks_entry():
+    s = space("hopper")
+    for i in (0, 1, 777, len(s) - 1):
+        assert s.flat_index(s.points[i]) == i
+    with pytest.raises(ValueError, match="not in the"):
+        space("seed").flat_index(s.points[-1])

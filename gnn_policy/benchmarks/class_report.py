@@ -140,9 +140,9 @@ def main(argv: list[str] | None = None) -> None:
 
         model = load_fitted(ns.analytic)
     policies = {}
-    for given in ns.policy:
+    if ns.policy:
         from gnn_policy.policy import Policy
-
+    for given in ns.policy:
         name, _, path = given.rpartition("=")
         policies[name or Path(path).stem] = Policy.load(path)
     with Database(ns.db) as db:

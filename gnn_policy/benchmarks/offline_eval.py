@@ -56,16 +56,10 @@ GROUPS: dict[str, Callable[[TileConfig], tuple]] = {
 }
 
 
-def _flat(space_, configs: Sequence[TileConfig]) -> torch.Tensor:
-    shape = space_.shape
-    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-    return torch.tensor([sum(i * s for i, s in zip(space_.index(c), strides)) for c in configs])
-
-
 def bounded_orders(policy: Policy, p, gpu, configs: list[TileConfig], values: list[float]) -> tuple[dict, dict]:
     """(orders by picker name, figures) of a bounded checkpoint on one problem's candidates."""
     s = policy.scores(p, gpu)
-    pred = s.by_flat[_flat(policy.model.space, configs)]
+    pred = s.by_flat[torch.tensor([policy.model.space.flat_index(c) for c in configs])]
     by_score = pred.argsort(descending=True).tolist()
     ranked = [configs[i] for i in by_score]
     orders = {"new_by_score": by_score}
