@@ -1,4 +1,5 @@
 """The ceiling benchmark's plan and loop, run with the fake runner (no GPU)."""
+import pytest
 import json
 
 import hardware_specs
@@ -59,3 +60,10 @@ def test_run_sweeps_refines_confirms_and_reports(tmp_path, capsys):
         assert shape["per_variant"]["ptr"] > swept or swept == 256
     with Database(db) as d:
         assert d.retimed("H200-SXM-141GB")
+
+
+def test_timeout_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ceiling.main(["--db", str(tmp_path / "c.sqlite"), "--timeout", "0"])
+    assert "--timeout must be positive (got 0)" in capsys.readouterr().err
+    assert not (tmp_path / "c.sqlite").exists()

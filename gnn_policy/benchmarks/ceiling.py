@@ -133,7 +133,7 @@ class _Run:
         self.stage = "cublas"
         real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
         self.compiler = CompilePool(timeout_s=40.0) if real else None  # an aborted compile is overdue after 110 s
-        self.pool = WorkerPool(args.runner, gpu=gpu.name, timeout_s=120.0, replays=10)
+        self.pool = WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout, replays=10)
         self.measure = Measurer(db, gpu, self.pool, self.compiler, counts)
 
     def close(self) -> None:
@@ -301,6 +301,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit", type=float, default=0.0, help="minutes; 0: none")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds a config may run on the GPU before it is recorded as a timeout "
+                             "(a hung kernel costs this much: keep it short when mapping hangs)")
     parser.add_argument("--shard-dir", default="", help="export this run's rows as a shard here")
     parser.add_argument("--load", default="", help="import the shards of this folder into --db first")
     parser.add_argument("--shapes", type=int, default=0, help="only the first N shapes (0: all)")
@@ -310,6 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", default="", help="also write the table here")
     parser.add_argument("--json", default="", help="also write the summary here")
     args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive (got {args.timeout:g})")
     import hardware_specs
     from gnn_policy.database import Database
     from gnn_policy.snapshot import load_shipped
