@@ -1,6 +1,7 @@
 """The ceiling benchmark's plan and loop, run with the fake runner (no GPU)."""
-import pytest
 import json
+
+import pytest
 
 import hardware_specs
 from gnn_policy.benchmarks import ceiling
