@@ -1,8 +1,9 @@
 """GPU-only checks of the template: random (shape, config, dtype) cases, bf16 included.
 
 Every case must be either correct against a float64 reference or rejected before launch
-with `InvalidConfigError`; a wrong result, an unwritten element or a load-time failure such
-as Triton's OutOfResources fails the test. Set GNN_POLICY_GPU_REPORT to a path to get a JSON
+with `InvalidConfigError`; a wrong result, an unwritten element, a kernel that never returns
+(killed after GNN_POLICY_GPU_CASE_TIMEOUT s) or a load-time failure such as Triton's
+OutOfResources fails the test. Set GNN_POLICY_GPU_REPORT to a path to get a JSON
 record of what ran, and beside it `<path>.progress.jsonl`, one line per case as it starts.
 """
 from __future__ import annotations
@@ -21,13 +22,15 @@ if not torch.cuda.is_available():
 import hardware_specs  # noqa: E402
 from graphs import GemmProblem  # noqa: E402
 from gnn_policy import InvalidConfigError, TileConfig, matmul, space, violations  # noqa: E402
-from gnn_policy.space import tma_fits  # noqa: E402
+from gnn_policy.space import TMA_VARIANTS, tma_fits  # noqa: E402
 from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error  # noqa: E402
 from gnn_policy.measure.compile import precompile  # noqa: E402
-from gnn_policy.measure.inputs import TORCH_DTYPES, make_inputs  # noqa: E402
+from gnn_policy.measure.inputs import make_inputs  # noqa: E402
+from gnn_policy.measure.workers import WorkerPool  # noqa: E402
 
 CASES = int(os.environ.get("GNN_POLICY_GPU_CASES", "480"))
 VARIANT_CASES = int(os.environ.get("GNN_POLICY_GPU_VARIANT_CASES", "320"))
+CASE_TIMEOUT = float(os.environ.get("GNN_POLICY_GPU_CASE_TIMEOUT", "30"))  # seconds to check and time one case
 DIMS = (1, 7, 16, 33, 64, 100, 128, 255, 256, 1000, 1024, 2048)
 
 
@@ -83,43 +86,47 @@ def test_persistent_variants_are_correct_or_rejected_up_front(variant):
                  report and report.replace(".json", f"_{variant}.json"))
 
 
+def _refused(problem: GemmProblem, config: TileConfig, gpu) -> bool:
+    return bool(violations(config, gpu, problem.dtype, problem.k)) or (
+        config.variant in TMA_VARIANTS and not tma_fits(problem))
+
+
 def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None) -> None:
+    """A case the rules refuse must be refused by `matmul` before launch. Every other case runs
+    in the measuring worker, which checks it against the float64 reference (into an output
+    filled with NaN) before timing it: a kernel that never returns is killed after
+    CASE_TIMEOUT s and recorded as `hung`, and the next case runs in a fresh worker, so one
+    hang names itself instead of ending the run."""
     gpu = hardware_specs.detect()
-    precompile([(p, [c]) for p, c in cases if not violations(c, gpu, p.dtype, p.k)], progress=False)
+    precompile([(p, [c]) for p, c in cases if not _refused(p, c, gpu)], progress=False)
     record, failures = [], []
-    # a kernel that never returns cannot be interrupted in-process: the progress file names the
-    # case that was running when an outer `timeout` killed the run
     progress = open(report + ".progress.jsonl", "w") if report else None
-    for i, (problem, config) in enumerate(cases):
-        args = make_inputs(problem, "cuda", seed=i)
-        entry = {"problem": problem.key, "config": config.key}
-        if progress:
-            progress.write(json.dumps(dict(entry, case=i)) + "\n")
-            progress.flush()
-        try:
-            out = matmul(**args, config=config)
-            torch.cuda.synchronize()
-        except InvalidConfigError as exc:
-            entry.update(outcome="rejected", rules=[v.rule for v in exc.violations])
+    with WorkerPool("gnn_policy.measure.runner:measure_configs", gpu=gpu.name, timeout_s=CASE_TIMEOUT,
+                    replays=3) as pool:
+        for i, (problem, config) in enumerate(cases):
+            entry = {"problem": problem.key, "config": config.key}
+            if progress:
+                progress.write(json.dumps(dict(entry, case=i)) + "\n")
+                progress.flush()
+            if _refused(problem, config, gpu):
+                try:
+                    matmul(**make_inputs(problem, "cuda", seed=i), config=config)
+                    entry.update(outcome="failed", error="the rules refuse it, but matmul launched it")
+                except InvalidConfigError as exc:
+                    entry.update(outcome="rejected", rules=[v.rule for v in exc.violations])
+            else:
+                (m,) = pool.run(problem, [config])
+                outcome = {"ok": "correct", "wrong_result": "wrong", "timeout": "hung"}.get(m.status, "failed")
+                entry.update(outcome=outcome, error=m.max_rel_err if m.error is None else m.error)
             record.append(entry)
-            continue
-        except Exception as exc:  # noqa: BLE001 - any other failure is a bug
-            entry.update(outcome="failed", error=f"{type(exc).__name__}: {exc}"[:300])
-            failures.append(entry)
-            record.append(entry)
-            continue
-        err = relative_error(out, reference(**args))
-        ok = err <= TOLERANCE[TORCH_DTYPES[problem.dtype]]
-        entry.update(outcome="correct" if ok else "wrong", error=err)
-        record.append(entry)
-        if not ok:
-            failures.append(entry)
+            if entry["outcome"] not in ("correct", "rejected"):
+                failures.append(entry)
     if progress:
         progress.close()
     if report:
         with open(report, "w") as f:
             json.dump(record, f, indent=1)
-    counts = {o: sum(r["outcome"] == o for r in record) for o in ("correct", "rejected", "wrong", "failed")}
+    counts = {o: sum(r["outcome"] == o for r in record) for o in ("correct", "rejected", "wrong", "hung", "failed")}
     print("gpu cases:", counts)
     assert counts["correct"] >= 0.4 * len(cases), counts
     assert not failures, failures[:10]
