@@ -20,7 +20,7 @@ def test_shape_list_covers_the_categories_and_both_layouts():
 
 def test_sweep_configs_are_valid_for_the_problem_and_shared_across_shapes():
     (_, a), (_, b) = ceiling.problems(2)
-    for variant in ("ptr", "persistent", "warpspec"):
+    for variant in ("ptr", "tma", "persistent"):
         ca = ceiling.sweep_configs(a, variant, 300, H200, 0)
         cb = ceiling.sweep_configs(b, variant, 300, H200, 0)
         assert len(ca) == 300 and {c.variant for c in ca} == {variant}
@@ -37,7 +37,7 @@ def test_odd_n_gets_no_tma_configs():
 
 
 def test_neighbours_move_one_knob_one_step_and_keep_the_variant():
-    config = ceiling.sweep_configs(ceiling.problems(1)[0][1], "warpspec", 1, H200, 0)[0]
+    config = ceiling.sweep_configs(ceiling.problems(1)[0][1], "persistent", 1, H200, 0)[0]
     near = ceiling.neighbours(config)
     assert near and all(n.variant == config.variant for n in near)
     for n in near:

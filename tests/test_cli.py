@@ -31,7 +31,7 @@ def test_specs_space_counts_valid_configs():
     res = _cli("specs", "--space", "--gpu", "h200")
     assert res.returncode == 0, res.stderr
     row = next(line for line in res.stdout.splitlines() if line.startswith("H200-SXM-141GB  bf16"))
-    assert row.split()[2:] == ["61720", "91912", "90940", "96", "11", "19"]  # full, hopper, hopper-tested, seed, lists
+    assert row.split()[2:] == ["61720", "90940", "90940", "96", "11", "19"]  # full, hopper (warpspec refused), hopper-tested, seed, lists
 
 
 def test_unknown_gpu_is_a_clear_error():

@@ -8,6 +8,7 @@ from gnn_policy.space import (NAMED_LISTS, TileConfig, named_list, space, violat
 
 H200 = hardware_specs.load("h200")
 A100 = hardware_specs.load("a100")
+B200 = hardware_specs.load("b200")  # where the warpspec rules that Hopper's hang hides still apply
 
 
 def _rules(config, gpu=H200, dtype="bf16", k=None):
@@ -112,16 +113,24 @@ def test_tma_needs_hopper_and_dtype_support():
     assert _rules(TileConfig(64, 64, 64), dtype="fp8") == {"dtype"}
 
 
+def test_warpspec_is_refused_on_hopper_where_it_hangs():
+    ok = TileConfig(128, 128, 64, num_warps=4, num_stages=3, variant="warpspec")
+    for gpu in (H200, hardware_specs.load("h100")):
+        found = violations(ok, gpu, "bf16")
+        assert [v.rule for v in found] == ["warpspec"] and "hangs" in found[0].message
+    assert not [c for c in space("hopper").valid(H200, "bf16") if c.variant == "warpspec"]
+
+
 def test_warpspec_rules_from_compiling_for_sm90():
     ok = TileConfig(128, 128, 64, num_warps=4, num_stages=3, variant="warpspec")
-    assert not _rules(ok) and not _rules(ok, dtype="fp16")
-    assert _rules(ok, dtype="fp32") == {"warpspec"}  # Triton 3.6 fails to compile most fp32 dots
+    assert not _rules(ok, gpu=B200) and not _rules(ok, gpu=B200, dtype="fp16")
+    assert _rules(ok, gpu=B200, dtype="fp32") == {"warpspec"}  # Triton 3.6 fails to compile most fp32 dots
     for bad in (TileConfig(128, 128, 64, num_warps=8, variant="warpspec"),
                 TileConfig(32, 128, 64, num_warps=4, variant="warpspec"),
                 TileConfig(64, 256, 64, num_warps=4, num_stages=2, variant="warpspec"),
                 TileConfig(128, 128, 64, split_k=2, num_warps=4, variant="warpspec"),
                 TileConfig(128, 128, 64, num_warps=4, num_stages=1, variant="warpspec")):
-        assert "warpspec" in _rules(bad), bad.key
+        assert "warpspec" in _rules(bad, gpu=B200), bad.key
     # the same tiles are fine for the unspecialised persistent loop
     assert not _rules(TileConfig(128, 64, 32, num_warps=4, num_stages=3, variant="persistent"), dtype="fp32")
 
