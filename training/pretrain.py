@@ -55,6 +55,9 @@ class PretrainArgs:
                                off="the bounded cost head reads the encodings and knobs alone (an ablation)")
     encoder: str = flag("gnn", "problem encoder: gnn (GINEConv message passing) or mlp (the same node "
                                "features, no messages; an ablation)", check=one_of("gnn", "mlp"))
+    space: str = flag("full", "config space the policy ranks (gnn_policy.space.SPACES): full (ptr and tma, the "
+                              "shipped checkpoints') or hopper (adds the persistent variants)",
+                      check=one_of("full", "hopper"))
     floored_bound: bool = flag(False, "the bounded cost head's bound and roofline feature include the GPU's launch "
                                       "floor (calibration.roofline_us); off: the work alone, as the shipped checkpoints")
     regression_weight: float = flag(0.1, "weight of the cost head's squared error on log TFLOP/s, beside its "
@@ -101,11 +104,11 @@ def run(args: PretrainArgs) -> dict | None:
     from training.tracking import loggers
 
     pl.seed_everything(args.seed, workers=True)
-    demos = load_demonstrations(args.imported, ModelConfig.space)[0] if args.imitation_weight > 0 else []
+    demos = load_demonstrations(args.imported, args.space)[0] if args.imitation_weight > 0 else []
     gpu_names = tuple(sorted({*args.gpus, *(d.gpu for d in demos)}))
     model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=gpu_names, geometry=args.geometry,
                                cost_model=args.cost_model, cost_features=args.cost_features, encoder=args.encoder,
-                               floored_bound=args.floored_bound)
+                               floored_bound=args.floored_bound, space=args.space)
     data = MeasurementDataModule(args.db, args.gpus, space(model_config.space), GpuVocab(model_config.gpu_names),
                                  batch_size=args.batch_size // args.devices, demos=demos,
                                  named_weight=args.named_weight)
