@@ -12,16 +12,16 @@ from graphs.suite import split
 from gnn_policy.database import Database
 from gnn_policy.measure.result import Measurement
 from gnn_policy.model import ModelConfig, PolicyModel
-from gnn_policy.space import space, violations
+from gnn_policy.space import TileConfig, space, violations
 from training.pretrain import PretrainArgs, run
 
 GPU = hardware_specs.load("h200")
 
 
-def _fake_db(path):
+def _fake_db(path, space_name="full"):
     """A made-up speed law: bigger tiles are faster on big problems, split-K helps small M."""
     rng = random.Random(0)
-    valid = [c for c in space("full") if not violations(c, GPU, "bf16")]
+    valid = [c for c in space(space_name) if not violations(c, GPU, "bf16")]
     problems = [p for p in split("train") if p.dtype == "bf16"][:6] + [p for p in split("val") if p.dtype == "bf16"][:3]
     with Database(path) as db:
         for p in problems:
@@ -65,6 +65,20 @@ def test_a_tiny_seeded_run_trains_and_ships_a_loadable_checkpoint(tmp_path, cost
     assert "train/loss" in csv and "val/top1_measured" in csv
     assert cost_model == 0 or list((tmp_path / "runs" / "wandb").glob("offline-run-*"))
 
+
+def test_the_hopper_space_trains_a_policy_that_ranks_the_persistent_variant(tmp_path):
+    from gnn_policy.policy import Policy
+
+    _fake_db(tmp_path / "m.sqlite", "hopper")
+    card = run(PretrainArgs(db=str(tmp_path / "m.sqlite"), epochs=1, batch_size=3, hidden=16, layers=1,
+                            out=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "runs"), wandb=False,
+                            space="hopper"))
+    assert card["model_config"]["space"] == "hopper"
+    policy = Policy.load(tmp_path / "ckpt" / "pretrained.pt")
+    problem = next(p for p in split("test") if p.dtype == "bf16")
+    ranked = policy.rank(problem, GPU, [TileConfig(128, 128, 64, 1, 8, 8, 3, v) for v in ("ptr", "tma", "persistent")])
+    assert {c.variant for c, _ in ranked} == {"ptr", "tma", "persistent"}
+    assert all(not violations(p.config, GPU, problem.dtype, problem.k) for p in policy.top_k(problem, GPU, 8))
 
 
 def test_imitation_trains_on_imported_configs_and_logs_it(tmp_path):
