@@ -198,7 +198,7 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
         # not finish in 170 s, and the GPU then refused the next process.
         # Triton disabled its own Hopper warp-specialised tutorial kernel (triton-lang/triton#7108).
         if gpu.compute_capability.startswith("9."):
-            out.append(Violation("warpspec", "Triton 3.6's warp specialisation hangs this template's "
+            out.append(Violation("warpspec-hang", "Triton 3.6's warp specialisation hangs this template's "
                                  "kernels on Hopper (sm_90); the persistent variant runs the same loop"))
         # Triton's Hopper pass specialises only 4-warp kernels whose tile splits into two
         # 64-row halves; others compile unspecialised, i.e. as the `persistent` variant.

@@ -66,5 +66,5 @@ def test_run_sweeps_refines_confirms_and_reports(tmp_path, capsys):
 def test_timeout_must_be_positive(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ceiling.main(["--db", str(tmp_path / "c.sqlite"), "--timeout", "0"])
-    assert "--timeout must be positive (got 0)" in capsys.readouterr().err
+    assert "--timeout: must be more than 0, got 0" in capsys.readouterr().err
     assert not (tmp_path / "c.sqlite").exists()

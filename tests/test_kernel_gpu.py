@@ -26,7 +26,7 @@ from gnn_policy.space import TMA_VARIANTS, tma_fits  # noqa: E402
 from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error  # noqa: E402
 from gnn_policy.measure.compile import precompile  # noqa: E402
 from gnn_policy.measure.inputs import make_inputs  # noqa: E402
-from gnn_policy.measure.workers import WorkerPool  # noqa: E402
+from gnn_policy.measure.workers import ProblemSetupError, WorkerPool  # noqa: E402
 
 CASES = int(os.environ.get("GNN_POLICY_GPU_CASES", "480"))
 VARIANT_CASES = int(os.environ.get("GNN_POLICY_GPU_VARIANT_CASES", "320"))
@@ -91,6 +91,23 @@ def _refused(problem: GemmProblem, config: TileConfig, gpu) -> bool:
         config.variant in TMA_VARIANTS and not tma_fits(problem))
 
 
+def _run_case(pool: WorkerPool, problem: GemmProblem, config: TileConfig, gpu, seed: int) -> dict:
+    if _refused(problem, config, gpu):
+        try:
+            matmul(**make_inputs(problem, "cuda", seed=seed), config=config)
+            return dict(outcome="failed", error="the rules refuse it, but matmul launched it")
+        except InvalidConfigError as exc:
+            return dict(outcome="rejected", rules=[v.rule for v in exc.violations])
+        except Exception as exc:  # noqa: BLE001 - any other failure is a bug
+            return dict(outcome="failed", error=f"{type(exc).__name__}: {exc}"[:300])
+    try:
+        (m,) = pool.run(problem, [config])
+    except ProblemSetupError as exc:  # the inputs or the reference, not the config: still a failure here
+        return dict(outcome="failed", error=str(exc)[:300])
+    outcome = {"ok": "correct", "wrong_result": "wrong", "timeout": "hung"}.get(m.status, "failed")
+    return dict(outcome=outcome, error=m.error or m.max_rel_err)
+
+
 def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None) -> None:
     """A case the rules refuse must be refused by `matmul` before launch. Every other case runs
     in the measuring worker, which checks it against the float64 reference (into an output
@@ -99,33 +116,25 @@ def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None
     hang names itself instead of ending the run."""
     gpu = hardware_specs.detect()
     precompile([(p, [c]) for p, c in cases if not _refused(p, c, gpu)], progress=False)
-    record, failures = [], []
+    record = []
     progress = open(report + ".progress.jsonl", "w") if report else None
-    with WorkerPool("gnn_policy.measure.runner:measure_configs", gpu=gpu.name, timeout_s=CASE_TIMEOUT,
-                    replays=3) as pool:
-        for i, (problem, config) in enumerate(cases):
-            entry = {"problem": problem.key, "config": config.key}
-            if progress:
-                progress.write(json.dumps(dict(entry, case=i)) + "\n")
-                progress.flush()
-            if _refused(problem, config, gpu):
-                try:
-                    matmul(**make_inputs(problem, "cuda", seed=i), config=config)
-                    entry.update(outcome="failed", error="the rules refuse it, but matmul launched it")
-                except InvalidConfigError as exc:
-                    entry.update(outcome="rejected", rules=[v.rule for v in exc.violations])
-            else:
-                (m,) = pool.run(problem, [config])
-                outcome = {"ok": "correct", "wrong_result": "wrong", "timeout": "hung"}.get(m.status, "failed")
-                entry.update(outcome=outcome, error=m.max_rel_err if m.error is None else m.error)
-            record.append(entry)
-            if entry["outcome"] not in ("correct", "rejected"):
-                failures.append(entry)
-    if progress:
-        progress.close()
-    if report:
-        with open(report, "w") as f:
-            json.dump(record, f, indent=1)
+    try:
+        with WorkerPool("gnn_policy.measure.runner:measure_configs", gpu=gpu.name, timeout_s=CASE_TIMEOUT,
+                        replays=3) as pool:
+            for i, (problem, config) in enumerate(cases):
+                entry = {"problem": problem.key, "config": config.key}
+                if progress:
+                    progress.write(json.dumps(dict(entry, case=i)) + "\n")
+                    progress.flush()
+                record.append(entry)
+                entry.update(_run_case(pool, problem, config, gpu, i))
+    finally:  # the record of what ran survives a run that stops part way
+        if progress:
+            progress.close()
+        if report:
+            with open(report, "w") as f:
+                json.dump(record, f, indent=1)
+    failures = [r for r in record if r["outcome"] not in ("correct", "rejected")]
     counts = {o: sum(r["outcome"] == o for r in record) for o in ("correct", "rejected", "wrong", "hung", "failed")}
     print("gpu cases:", counts)
     assert counts["correct"] >= 0.4 * len(cases), counts

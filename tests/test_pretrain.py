@@ -12,7 +12,7 @@ from graphs.suite import split
 from gnn_policy.database import Database
 from gnn_policy.measure.result import Measurement
 from gnn_policy.model import ModelConfig, PolicyModel
-from gnn_policy.space import TileConfig, space, violations
+from gnn_policy.space import TileConfig, space, tma_fits, violations
 from training.pretrain import PretrainArgs, run
 
 GPU = hardware_specs.load("h200")
@@ -77,7 +77,7 @@ def test_the_hopper_space_trains_a_policy_that_ranks_the_persistent_variant(tmp_
     policy = Policy.load(tmp_path / "ckpt" / "pretrained.pt")
     problem = next(p for p in split("test") if p.dtype == "bf16")
     ranked = policy.rank(problem, GPU, [TileConfig(128, 128, 64, 1, 8, 8, 3, v) for v in ("ptr", "tma", "persistent")])
-    assert {c.variant for c, _ in ranked} == {"ptr", "tma", "persistent"}
+    assert tma_fits(problem) and {c.variant for c, p in ranked if p > 0} == {"ptr", "tma", "persistent"}
     assert all(not violations(p.config, GPU, problem.dtype, problem.k) for p in policy.top_k(problem, GPU, 8))
 
 

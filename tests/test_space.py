@@ -117,7 +117,7 @@ def test_warpspec_is_refused_on_hopper_where_it_hangs():
     ok = TileConfig(128, 128, 64, num_warps=4, num_stages=3, variant="warpspec")
     for gpu in (H200, hardware_specs.load("h100")):
         found = violations(ok, gpu, "bf16")
-        assert [v.rule for v in found] == ["warpspec"] and "hangs" in found[0].message
+        assert [v.rule for v in found] == ["warpspec-hang"] and "hangs" in found[0].message
     assert not [c for c in space("hopper").valid(H200, "bf16") if c.variant == "warpspec"]
 
 

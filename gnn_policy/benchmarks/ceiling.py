@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 
 from graphs import GemmProblem
+from gnn_policy.args import positive
 from gnn_policy.space import VARIANTS, TileConfig, fits_k, space, tma_fits, violations
 
 # (category, batch, M, N, K, B layout): prefill aligned and not, M of 100-300 with large N and
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit", type=float, default=0.0, help="minutes; 0: none")
-    parser.add_argument("--timeout", type=float, default=120.0,
+    parser.add_argument("--timeout", type=positive, default=120.0,
                         help="seconds a config may run on the GPU before it is recorded as a timeout "
                              "(a hung kernel costs this much: keep it short when mapping hangs)")
     parser.add_argument("--shard-dir", default="", help="export this run's rows as a shard here")
@@ -313,8 +314,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", default="", help="also write the table here")
     parser.add_argument("--json", default="", help="also write the summary here")
     args = parser.parse_args(argv)
-    if args.timeout <= 0:
-        parser.error(f"--timeout must be positive (got {args.timeout:g})")
     import hardware_specs
     from gnn_policy.database import Database
     from gnn_policy.snapshot import load_shipped

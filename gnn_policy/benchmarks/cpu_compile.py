@@ -7,7 +7,7 @@ and pointers, TMA descriptors), so a config that aborts here aborts there: on th
 Triton 3.6 killed its process compiling warp-specialised 64x256 tiles, and this reproduced it.
 Aborted compiles cost one job each (`CompilePool`), never the run.
 
-    python -m gnn_policy.benchmarks.cpu_compile --variant warpspec --configs 200 --shapes 8 --out cc.jsonl
+    python -m gnn_policy.benchmarks.cpu_compile --variant persistent --configs 200 --shapes 8 --out cc.jsonl
 """
 from __future__ import annotations
 
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     gpu = hardware_specs.load("h200")
     jobs = [(p, c) for _, p in problems(args.shapes) for v in args.variant
             for c in sweep_configs(p, v, args.configs, gpu, 0)]
+    if not jobs:
+        parser.error(f"the H200's rules leave no config of {', '.join(args.variant)} to compile "
+                     "(warpspec: refused on Hopper, where it hangs)")
     tally: Counter = Counter()
     with CompilePool(args.workers, timeout_s=300.0, fn=compile_sm90, grace_s=60.0) as pool, open(args.out, "w") as f:
         for result in pool.stream(jobs):

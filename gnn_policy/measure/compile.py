@@ -51,17 +51,16 @@ def stand_in(problem: GemmProblem) -> GemmProblem:
 
     Triton specialises an integer argument on its divisibility by 16 (and on being 1), and the
     launch on K's remainder modulo BLOCK_K (the K-tail masks) and on the layouts; sizes
-    otherwise only set the grid, which compiling does not see. So M and N keep their remainder
-    modulo 256, K its remainder modulo 4,096 and at least 16 K tiles of 256 where it had them
-    (SPLIT_K's fit rule), and the batch its remainder modulo 16: products of sizes (the
-    strides) keep theirs. Every compile worker holds its problem's inputs, and 15 of them once
+    otherwise only set the grid, which compiling does not see (nor does it check the validity
+    rules). So M, N and K keep their remainder modulo 256 and the batch its remainder modulo 16:
+    products of sizes (the strides) keep theirs. Every compile worker holds its problem's inputs, and 15 of them once
     held 4 GB each of the H100's 80 GB and ran the timing process out of memory.
     """
     def shrink(x: int, period: int) -> int:
         return x if x < 2 * period else period + x % period
 
     return dataclasses.replace(problem, m=shrink(problem.m, 256), n=shrink(problem.n, 256),
-                               k=shrink(problem.k, 4096), batch=shrink(problem.batch, 16))
+                               k=shrink(problem.k, 256), batch=shrink(problem.batch, 16))
 
 
 def _inputs(problem: GemmProblem) -> dict:
