@@ -110,7 +110,7 @@ def _measure(problem, gpu, configs, rows: list[dict]) -> dict:
 
 def table(out: dict) -> str:
     how = "calibrated on measurements" if out["calibrated"] else "not calibrated for this GPU, capped"
-    lines = [f"{out['problem']} on {out['gpu']} (prediction {out['prediction_ms']} ms); predicted TFLOP/s "
+    lines = [f"{out['problem']} on {out['gpu']} (ranked in {out['prediction_ms']} ms); predicted TFLOP/s "
              f"{how} (roofline {out['roofline_tflops']})",
              f"{'#':>2}  {'config':<40} {'prob':>8} {'pred TF/s':>10}" + ("  measured" if "cublas_tflops" in out else "")]
     for i, p in enumerate(out["picks"], 1):
