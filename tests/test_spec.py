@@ -71,14 +71,16 @@ def test_bad_yaml_names_file_and_field(tmp_path, old, new, field):
     assert "broken.yaml" in str(err.value) and f"'{field}'" in str(err.value)
 
 
-def test_the_launch_floor_is_measured_on_the_h200_and_a_default_elsewhere(tmp_path):
+def test_the_launch_floor_is_measured_on_the_h200_and_h100_and_a_default_elsewhere(tmp_path):
     h200 = hardware_specs.load("h200")
     assert h200.launch_floor_us == 2.5 and "2.54 us" in h200.sources["launch_floor_us"]
     # the default is the H200's measured floor, and says it was not measured on the GPU
     assert spec_mod.DEFAULT_LAUNCH_FLOOR_US == h200.launch_floor_us
     h100 = hardware_specs.load("h100")
-    assert h100.launch_floor_us == spec_mod.DEFAULT_LAUNCH_FLOOR_US
-    assert h100.sources["launch_floor_us"] == spec_mod.DEFAULT_LAUNCH_FLOOR_SOURCE
+    assert h100.launch_floor_us == 1.7 and "1.72 us" in h100.sources["launch_floor_us"]
+    a100 = hardware_specs.load("a100")
+    assert a100.launch_floor_us == spec_mod.DEFAULT_LAUNCH_FLOOR_US
+    assert a100.sources["launch_floor_us"] == spec_mod.DEFAULT_LAUNCH_FLOOR_SOURCE
     assert hardware_specs.load("h200-sm64").launch_floor_us == h200.launch_floor_us  # a slice keeps its GPU's
     without = spec_mod.parse(_broken_copy(tmp_path, "launch_floor_us: 2.5\n", ""))
     assert without.launch_floor_us == spec_mod.DEFAULT_LAUNCH_FLOOR_US
