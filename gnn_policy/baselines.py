@@ -19,6 +19,12 @@ from gnn_policy.space import TMA_VARIANTS, ConfigSpace, TileConfig, tma_fits, vi
 ANALYTIC = Path(__file__).resolve().parent.parent / "checkpoints" / "analytic.json"
 
 
+def config_fits(config: TileConfig, gpu: GpuSpec, problem: GemmProblem) -> bool:
+    """The GPU rules and the TMA stride rule for one config, without a space's problem mask."""
+    return not violations(config, gpu, problem.dtype, problem.k) and (
+        config.variant not in TMA_VARIANTS or tma_fits(problem))
+
+
 def fits(space_: ConfigSpace, gpu: GpuSpec, problem: GemmProblem, mask: Any = None) -> Callable[[TileConfig], bool]:
     """A test of validity for `problem`: the space's problem mask (`mask`, when the caller has it)
     for its points; the GPU rules and the TMA stride rule for configs outside it (a named list's)."""
@@ -27,7 +33,7 @@ def fits(space_: ConfigSpace, gpu: GpuSpec, problem: GemmProblem, mask: Any = No
     def ok(c: TileConfig) -> bool:
         if c in space_:
             return bool(mask[space_.index(c)])
-        return not violations(c, gpu, problem.dtype, problem.k) and (c.variant not in TMA_VARIANTS or tma_fits(problem))
+        return config_fits(c, gpu, problem)
 
     return ok
 

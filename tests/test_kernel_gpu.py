@@ -22,7 +22,8 @@ if not torch.cuda.is_available():
 import hardware_specs  # noqa: E402
 from graphs import GemmProblem  # noqa: E402
 from gnn_policy import InvalidConfigError, TileConfig, matmul, space, violations  # noqa: E402
-from gnn_policy.space import TMA_VARIANTS, tma_fits  # noqa: E402
+from gnn_policy.space import tma_fits  # noqa: E402
+from gnn_policy.baselines import config_fits  # noqa: E402
 from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error  # noqa: E402
 from gnn_policy.measure.compile import precompile  # noqa: E402
 from gnn_policy.measure.inputs import make_inputs  # noqa: E402
@@ -87,8 +88,7 @@ def test_persistent_variant_is_correct_or_rejected_up_front():
 
 
 def _refused(problem: GemmProblem, config: TileConfig, gpu) -> bool:
-    return bool(violations(config, gpu, problem.dtype, problem.k)) or (
-        config.variant in TMA_VARIANTS and not tma_fits(problem))
+    return not config_fits(config, gpu, problem)
 
 
 def _run_case(pool: WorkerPool, problem: GemmProblem, config: TileConfig, gpu, seed: int) -> dict:
