@@ -72,8 +72,20 @@ def test_report_fits_on_train_and_checks_on_the_rest():
     rows.append({"split": "random-test", "predicted": 8.0, "measured": 1.0, "roof": 100.0, "bound": 0.5})
     out = report(rows, "X")
     assert out["slope"] == pytest.approx(1.0) and out["intercept"] == pytest.approx(-math.log(4), abs=1e-4)
-    assert out["val_and_test"]["calibrated"] == {"median_abs_log_error": 0.0, "within_20pct": 1.0, "rows": 2}
-    assert out["val_and_test"]["raw"]["within_20pct"] == 0.0
+    # held out: val, test and random-test; the random-test row is capped at its bound, off by 2x
+    assert out["held_out"]["calibrated"] == {"median_abs_log_error": 0.0, "within_20pct": pytest.approx(2 / 3, abs=1e-3),
+                                             "rows": 3}
+    assert out["held_out"]["raw"]["within_20pct"] == 0.0
     assert set(out["by_split"]) == {"val", "test", "random-test"}  # held out: never a training split
     assert out["by_split"]["random-test"]["calibrated"]["median_abs_log_error"] == pytest.approx(math.log(2), abs=1e-3)
     assert out["by_split"]["random-test"]["measured_above_bound"] == 1 and out["by_split"]["val"]["measured_above_bound"] == 0
+
+
+def test_a_gpu_measured_on_random_shapes_alone_is_fitted_and_checked():
+    rows = [{"split": s, "predicted": 2 * m, "measured": m, "roof": 100.0, "bound": 90.0}
+            for s, m in [("random-train", 10.0), ("random-train", 30.0), ("random-val", 20.0)]]
+    out = report(rows, "X")
+    assert out["slope"] == pytest.approx(1.0) and out["held_out"]["calibrated"]["rows"] == 1
+    assert set(out["by_split"]) == {"random-val"}
+    with pytest.raises(SystemExit, match="held-out split"):
+        report([r for r in rows if r["split"] == "random-train"], "X")

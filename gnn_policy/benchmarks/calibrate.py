@@ -5,9 +5,9 @@
 For every problem of the GPU with correct real rows, the cost head predicts the TFLOP/s of
 the measured configs and the `--top` it predicts fastest are kept: the configs a user is shown
 first, chosen by prediction, not by outcome. The fit uses the training role (the train
-families and random-train, `graphs.classes.ROLES`) and is checked on the val and test families
-together (`val_and_test`) and on each held-out split alone (`by_split`: random-test is where a
-user's shapes are), in DESIGN's calibration figures: median |log(estimate / measured)| and the
+families and random-train, `graphs.classes.ROLES`) and is checked on every held-out split together
+(`held_out`: the val and test roles, family and random, so a GPU measured on random shapes alone,
+as the H100, is checked too) and on each alone (`by_split`: random-test is where a user's shapes are), in DESIGN's calibration figures: median |log(estimate / measured)| and the
 share within 20%, raw, capped at the bound and calibrated, with the rows measured above the
 bound (`measured_above_bound`: the launch floor must keep it at 0). Writes
 `<checkpoint>.calibration.json`.
@@ -56,9 +56,10 @@ def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, to
 
 def report(rows: list[dict], gpu: str) -> dict:
     train = [r for r in rows if r["split"] in ROLES["train"]]
-    held = [r for r in rows if r["split"] in ("val", "test")]
+    held = [r for r in rows if r["split"] in ROLES["val"] + ROLES["test"]]
     if not train or not held:
-        raise SystemExit(f"need rows of train and of val/test families on {gpu}; got {len(train)} and {len(held)}")
+        raise SystemExit(f"need rows of the training role ({', '.join(ROLES['train'])}) and of a held-out split "
+                         f"({', '.join(ROLES['val'] + ROLES['test'])}) on {gpu}; got {len(train)} and {len(held)}")
     intercept, slope = fit([r["predicted"] for r in train], [r["measured"] for r in train], [r["roof"] for r in train])
     cal = Calibration(gpu, intercept, slope)
 
@@ -71,7 +72,7 @@ def report(rows: list[dict], gpu: str) -> dict:
                 "measured_above_bound": sum(r["measured"] > r["bound"] for r in part)}
 
     return {"intercept": round(intercept, 4), "slope": round(slope, 4),
-            "train": figures(train), "val_and_test": figures(held),
+            "train": figures(train), "held_out": figures(held),
             "by_split": {name: figures([r for r in rows if r["split"] == name])
                          for name in sorted({r["split"] for r in rows} - set(ROLES["train"]))}}
 
