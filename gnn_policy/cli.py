@@ -253,9 +253,16 @@ def run_bench(args: BenchArgs) -> int:
 
 
 def run_finetune(args: FinetuneArgs) -> int:
+    from graphs.model_config import ConfigError
+    from gnn_policy.model_tune import ModelSpecError
     from training.finetune import run
 
-    print(json.dumps(run(args), indent=1))
+    try:
+        card = run(args)
+    except (ConfigError, ModelSpecError) as exc:  # --model's: a config field or a module:function
+        print(f"gnn-policy finetune: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(card, indent=1))
     return 0
 
 
