@@ -54,7 +54,7 @@ def expand(spec: str, tokens: str) -> ModelProblems:
     # count's layer order starts one further along, so that the first picks also cover more layers
     rotated = [g[i % len(g):] + g[:i % len(g)] for i, g in enumerate(by_tokens.values())]
     order = [p for group in itertools.zip_longest(*rotated) for p in group if p is not None]
-    counts = sorted(t for t in by_tokens if t is not None)
+    counts = sorted({row["tokens"] for row in model.rows} - {None})
     return ModelProblems(spec, model.name, counts, file_digest(model.source), order, shared)
 
 
