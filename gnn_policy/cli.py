@@ -15,8 +15,9 @@ from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
 from gnn_policy.export import ExportArgs
 from gnn_policy.sweep import SweepArgs
-from gnn_policy.database import DEFAULT_PATH, DatabaseError
+from gnn_policy.database import DatabaseError
 from gnn_policy.interrupts import EXIT_INTERRUPTED, Interrupted, terminate_as_interrupt
+from gnn_policy.inventory import SpecsArgs, StatsArgs, format_table, run_specs, run_stats
 from gnn_policy.limits import ProblemTooLarge
 from gnn_policy.measure.replay import ReplayError
 from gnn_policy.measure.workers import WorkerError
@@ -36,130 +37,10 @@ USER_ERRORS = (hardware_specs.SpecError, DatabaseError, FileNotFoundError, Finet
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecsArgs:
-    """Print the GPU specs this project knows (hardware_specs/*.yaml)."""
-
-    json: bool = flag(False, "print a JSON list of objects with the YAML's field names")
-    space: bool = flag(False, "print how many configs of each space are valid per GPU and dtype")
-    gpu: tuple[str, ...] = flag(("h200", "a100"), "GPUs for --space (repeatable)", action="append")
-
-
-@dataclasses.dataclass(frozen=True)
-class StatsArgs:
-    """Count the measurements in a database (with the shipped snapshot loaded): per GPU, source, status and split."""
-
-    db: str = flag(str(DEFAULT_PATH), "the SQLite database ($GNN_POLICY_DB); only this default one is created "
-                                      "(and filled from the shipped snapshot) when missing")
-    json: bool = flag(False, "print JSON: gpus -> name -> {real_ok, real_failed, problems, configs}, and "
-                             "splits -> name -> split -> {problems, real_ok, real_failed}")
-
-
-@dataclasses.dataclass(frozen=True)
 class DemoArgs:
     """Run the Triton GEMM on a few problems and check each against torch in float64."""
 
     seed: int = flag(0, "random seed for the inputs")
-
-
-def specs_table(names: Sequence[str]) -> str:
-    cols = ("name", "arch", "SMs", "L2 MiB", "smem/block KiB", "HBM GB/s", "MHz", "bf16 TF", "fp8 TF",
-            "TMA", "wgmma")
-    rows = []
-    for name in names:
-        s = hardware_specs.load(name)
-        rows.append((s.name, s.architecture, s.sm_count, f"{s.l2_bytes / 2**20:.0f}",
-                     f"{s.smem_per_block_bytes / 1024:.0f}", f"{s.memory_bandwidth_gbps:.0f}",
-                     s.sm_clock_mhz, f"{s.peak('bf16'):.0f}", f"{s.peak('fp8'):.0f}",
-                     "yes" if s.has("tma") else "no", "yes" if s.has("wgmma") else "no"))
-    return _format(cols, rows)
-
-
-def space_table(gpus: Sequence[str]) -> str:
-    from gnn_policy.space import NAMED_LISTS, SPACES, violations
-
-    cols = ("gpu", "dtype", *(f"{n} ({len(s)})" for n, s in SPACES.items()),
-            *(f"{n} ({len(c)})" for n, c in NAMED_LISTS.items() if n not in SPACES))
-    rows = []
-    for name in gpus:
-        gpu = hardware_specs.load(name)
-        for dtype in ("bf16", "fp16", "fp32"):
-            counts = [sum(not violations(c, gpu, dtype) for c in s) for s in SPACES.values()]
-            counts += [sum(not violations(c, gpu, dtype) for c in cs)
-                       for n, cs in NAMED_LISTS.items() if n not in SPACES]
-            rows.append((gpu.name, dtype, *counts))
-    return _format(cols, rows)
-
-
-def _format(cols: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [list(map(str, cols))] + [[str(x) for x in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def run_specs(args: SpecsArgs) -> int:
-    names = hardware_specs.available()
-    if args.json:
-        print(json.dumps([hardware_specs.load(n).as_dict() for n in names], indent=1))
-    else:
-        print(specs_table(names))
-    if args.space:
-        print()
-        print("valid configs per space (size in brackets), rules of gnn_policy.space.violations:")
-        print(space_table(args.gpu))
-    return 0
-
-
-def run_stats(args: StatsArgs) -> int:
-    import time
-    from pathlib import Path
-
-    from gnn_policy.database import Database, read_only_reason
-    from gnn_policy.snapshot import load_shipped, unloaded
-
-    path = Path(os.path.expanduser(args.db))
-    read_only = path.exists() and read_only_reason(path)
-    # only the default database is made here: a mistyped --db must not leave an empty one behind
-    with Database(path, create=path == DEFAULT_PATH, readonly=bool(read_only)) as db:
-        missing = unloaded(db)
-        if read_only and missing:
-            print(f"gnn-policy stats: {path} is read-only ({read_only}): {len(missing)} shards not loaded "
-                  "into it are not counted", file=sys.stderr)
-        elif missing:  # the first use of a database: loading takes a while, so say what is happening
-            print(f"gnn-policy stats: loading {len(missing)} shards of the shipped snapshot into {path} "
-                  "(once per database)...", file=sys.stderr, flush=True)
-            start = time.perf_counter()
-            rows = load_shipped(db)
-            print(f"gnn-policy stats: loaded {rows} rows in {time.perf_counter() - start:.1f} s",
-                  file=sys.stderr, flush=True)
-        stats = db.stats()
-        splits = {gpu: split_counts(db.problem_counts(gpu)) for gpu in stats["gpus"]}
-    if args.json:
-        print(json.dumps({"gpus": stats["gpus"], "splits": splits}, indent=1))
-        return 0
-    rows = [(name, s["real_ok"], s["real_failed"], s["problems"], s["configs"],
-             ", ".join(f"{k}: {v}" for k, v in stats["by_source_status"][name].items()))
-            for name, s in stats["gpus"].items()]
-    print(_format(("gpu", "real ok", "real failed", "problems", "configs", "rows by source/status"), rows))
-    rows = [(gpu, name, c["problems"], c["real_ok"], c["real_failed"]) for gpu, per in splits.items()
-            for name, c in per.items()]
-    print()
-    print(_format(("gpu", "split", "problems", "real ok", "real failed"), rows))
-    return 0
-
-
-def split_counts(counts: Sequence[tuple[Any, int, int]]) -> dict[str, dict[str, int]]:
-    """Per split (graphs.classes.ALL_SPLITS order, empty ones left out): problems and real rows."""
-    from graphs.classes import ALL_SPLITS, split_of
-
-    out = {name: {"problems": 0, "real_ok": 0, "real_failed": 0} for name in ALL_SPLITS}
-    for problem, ok, failed in counts:
-        c = out[split_of(problem)]
-        c["problems"] += 1
-        c["real_ok"] += ok
-        c["real_failed"] += failed
-    return {name: c for name, c in out.items() if c["problems"]}
 
 
 def run_imported(args: ImportedArgs) -> int:
@@ -175,7 +56,7 @@ def run_imported(args: ImportedArgs) -> int:
     problems = {gpu: len({d.problem.key for d in demos if d.gpu == gpu}) for gpu in report.demonstrations}
     rows = [(gpu, report.files_used[gpu], n, exact[gpu], n - exact[gpu], problems[gpu])
             for gpu, n in report.demonstrations.most_common()]
-    print(_format(("gpu", "files", "demonstrations", "exact", "mapped", "problems"), rows))
+    print(format_table(("gpu", "files", "demonstrations", "exact", "mapped", "problems"), rows))
 
     def top(counts: Counter) -> str:
         items = ", ".join(f"{k}: {v}" for k, v in counts.most_common(6))
@@ -253,9 +134,16 @@ def run_bench(args: BenchArgs) -> int:
 
 
 def run_finetune(args: FinetuneArgs) -> int:
+    from graphs.model_config import ConfigError
+    from gnn_policy.model_tune import ModelSpecError
     from training.finetune import run
 
-    print(json.dumps(run(args), indent=1))
+    try:
+        card = run(args)
+    except (ConfigError, ModelSpecError) as exc:  # --model's: a config field or a module:function
+        print(f"gnn-policy finetune: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(card, indent=1))
     return 0
 
 

@@ -9,6 +9,7 @@ model's total GEMM time under `--measure` weighs each row by.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from graphs import GemmProblem
-from graphs.model_config import examples, load_config, model_gemms, skipped
+from graphs.model_config import config_path, examples, load_config, model_gemms, skipped
 
 
 DEFAULT_TOKENS = (1, 16, 128, 2048)
@@ -116,6 +117,27 @@ def distinct_rows(calls: list[tuple[int | None, str, GemmProblem, int]]) -> list
     return list(rows.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelRows:
+    """What `tune --model` and `finetune --model` read of a SPEC."""
+
+    name: str
+    rows: list[dict]  # `distinct_rows`: tokens, layers, calls, problem
+    skipped: list[tuple[str, str]]
+    source: Path  # the config.json or Python file that defines the model: what a run's record digests
+
+
+def model_rows(spec: str, tokens: str, dtype: str) -> ModelRows:
+    """A SPEC's distinct GEMMs per token count (`tokens` as --tokens gives it; empty: DEFAULT_TOKENS)."""
+    name, calls, left_out = model_gemm_list(spec, parse_tokens(tokens) if tokens else None, dtype)
+    if is_config(spec):
+        source = config_path(spec)
+    else:  # model_gemm_list imported it, so a module is in sys.modules by now
+        where = spec.rpartition(":")[0]
+        source = Path(where) if where.endswith(".py") else Path(sys.modules[where].__file__)
+    return ModelRows(name, distinct_rows(calls), left_out, source)
+
+
 def epilogue(problem: GemmProblem) -> str:
     parts = ["bias" if problem.bias else "", problem.activation or "", "residual" if problem.residual else ""]
     return "+".join(p for p in parts if p) or "-"
@@ -143,12 +165,11 @@ def run(args: Any) -> dict:
 
     if args.measure:
         _need_cuda()
-    tokens = parse_tokens(args.tokens) if args.tokens else None
-    name, calls, left_out = model_gemm_list(args.model, tokens, args.dtype)
+    model = model_rows(args.model, args.tokens, args.dtype)
     gpu = gpu_of(args.gpu)
     checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
     policy, fits = Policy.load(checkpoint), calibration.load(checkpoint)
-    rows, fitted = distinct_rows(calls), False
+    rows, fitted = model.rows, False
     if rows:  # the first call builds the GPU's validity mask: keep it out of the time per pick
         policy.top_k(rows[0]["problem"], gpu, 1)
     start = time.perf_counter()
@@ -158,9 +179,9 @@ def run(args: Any) -> dict:
         tflops, fitted = calibration.calibrated(pick.predicted_tflops, problem, gpu, fits)
         row.update(shape=shape(problem), problem=problem.key, layouts=f"{problem.a_layout}/{problem.b_layout}",
                    epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=round(tflops, 1))
-    out = {"model": name, "gpu": gpu.name, "checkpoint": str(checkpoint), "calibrated": fitted,
+    out = {"model": model.name, "gpu": gpu.name, "checkpoint": str(checkpoint), "calibrated": fitted,
            "picks_ms": round(1e3 * (time.perf_counter() - start), 1), "rows": rows,
-           "skipped": [{"what": what, "why": why} for what, why in left_out]}
+           "skipped": [{"what": what, "why": why} for what, why in model.skipped]}
     if args.measure:
         out["totals"] = measure_rows(rows, gpu)
     return out

@@ -132,13 +132,19 @@ def parse_config(cfg: Any, name: str = "model", where: str = "config") -> ModelS
     return _llama(cfg, where, name)
 
 
-def load_config(path: str | Path) -> ModelSpec:
-    """Read a config.json (or a shipped example by name, e.g. 'llama-3-8b')."""
+def config_path(path: str | Path) -> Path:
+    """The file a config.json path or a shipped example's name (e.g. 'llama-3-8b') reads."""
     path = Path(path)
     if not path.exists() and str(path) in examples():
         path = examples()[str(path)]
     if not path.is_file():
         raise ConfigError(f"no model config at {path} (shipped examples: {', '.join(examples())})")
+    return path
+
+
+def load_config(path: str | Path) -> ModelSpec:
+    """Read a config.json (or a shipped example by name, e.g. 'llama-3-8b')."""
+    path = config_path(path)
     try:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -22,9 +22,10 @@ import json
 import os
 import random
 import re
+import sys
 from pathlib import Path
 
-from gnn_policy.args import at_least, flag, one_of, positive
+from gnn_policy.args import at_least, flag, int_list, one_of, positive
 from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
 from gnn_policy.interrupts import on_interrupt
@@ -66,8 +67,15 @@ class FinetuneArgs:
     db: str = flag(str(DEFAULT_PATH), "the SQLite database; the shipped snapshot is loaded into it first")
     checkpoint: str = flag("", "policy to start from (default: checkpoints/pretrained.pt)")
     output: str = flag("checkpoints", "folder for <gpu>.pt, <gpu>.card.json and the resume state")
-    split: str = flag("train", "suite split the tuning problems come from", check=one_of(*SPLIT_NAMES))
-    problems: int = flag(8, "tuning problems, spread over the split's families", check=at_least(1))
+    split: str = flag("", "suite split the tuning problems come from (empty: train); not with --model",
+                      check=one_of(*SPLIT_NAMES))
+    model: str = flag("", "tune on the distinct GEMMs of the model you serve instead of a split: a config.json "
+                          "(or a shipped example: llama-3-8b, gpt2, mixtral-8x7b) or module:function, as tune "
+                          "--model reads it")
+    tokens: str = flag("", "token counts of --model's GEMMs, comma-separated; empty: 1,16,128,2048",
+                       check=int_list(1))
+    problems: int = flag(8, "tuning problems, spread over the split's families (or the most of --model's "
+                            "distinct GEMMs, taken in turn from each token count)", check=at_least(1))
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over", check=at_least(1))
     strategy: str = flag("calibrate", "what adapts: calibrate (the GPU embedding and the cost head's last layer "
                                       "alone), whole (every weight), calibrate-whole (the calibration, then every "
@@ -99,11 +107,15 @@ class FinetuneArgs:
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
 
     def __post_init__(self) -> None:
-        count = Budget.parse(self.budget).count
-        if count is not None and count > PER_PROBLEM * self.problems:
-            raise ValueError(f"--budget {count}: at most {PER_PROBLEM} measurements per tuning problem, "
-                             f"{PER_PROBLEM * self.problems} for {self.problems} (--problems); more would not fit "
-                             "in the adaptation's memory")
+        if self.model and self.split:
+            raise ValueError(f"--model and --split {self.split} are exclusive: --model tunes on the model's own "
+                             "GEMMs, --split on a suite split's problems")
+        if self.tokens and not self.model:
+            raise ValueError("--tokens sets the token counts of --model's GEMMs: give --model too")
+        # a model's problem count is known once it is expanded: `run` checks it then
+        why = "" if self.model else budget_error(self.budget, self.problems, "--problems")
+        if why:
+            raise ValueError(why)
 
     @property
     def plan(self) -> AdaptPlan:
@@ -139,6 +151,15 @@ class Budget:
 
 
 
+def budget_error(budget: str, problems: int, what: str) -> str:
+    """Why a count budget is too large for `problems` tuning problems ('' when it fits)."""
+    count = Budget.parse(budget).count
+    if count is None or count <= PER_PROBLEM * problems:
+        return ""
+    return (f"--budget {count}: at most {PER_PROBLEM} measurements per tuning problem, {PER_PROBLEM * problems} "
+            f"for {problems} ({what}); more would not fit in the adaptation's memory")
+
+
 def check_gpu(spec, local, simulate: bool) -> None:
     """Refuse to label measurements of this machine with another GPU's name."""
     if simulate:
@@ -156,16 +177,18 @@ def run(args: FinetuneArgs) -> dict:
     import torch
 
     import hardware_specs
-    from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy, save_checkpoint
     from gnn_policy.snapshot import load_shipped
     from training.adaptation import Adapter
     from training.guard import calibrated_only, cross_fit
     from training.transfer_log import file_digest
+    from training.tuning_problems import expand, nothing_held, select
 
     spec = hardware_specs.load(args.gpu)
-    budget = dataclasses.replace(Budget.parse(args.budget), cap=PER_PROBLEM * args.problems)
+    model = expand(args.model, args.tokens) if args.model else None  # a bad SPEC fails before anything is written
+    split = args.split or ("" if model else "train")
+    budget = Budget.parse(args.budget)
     if args.replay and (args.simulate or args.snapshot):
         raise FinetuneError("--replay answers from stored real rows: it goes without --simulate, and with "
                             "--no-snapshot (the snapshot would already hold the rows it replays)")
@@ -182,18 +205,25 @@ def run(args: FinetuneArgs) -> dict:
     if not (args.simulate or args.replay):
         check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
     # by content, not only path: a start replaced between resumes is another run
-    plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "split", "seed", "checkpoint", "strategy",
-                                          "steps", "lr", "calibration_steps", "calibration_lr", "guard", "snapshot",
-                                          "analytic", "replay")} | \
-        {"adapt": ADAPT_VERSION, "start_digest": file_digest(start_path)}
+    plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "seed", "checkpoint", "strategy", "steps",
+                                          "lr", "calibration_steps", "calibration_lr", "guard", "snapshot",
+                                          "analytic", "replay", "model", "tokens")} | \
+        {"split": split, "model_digest": model.digest if model else "", "adapt": ADAPT_VERSION,
+         "start_digest": file_digest(start_path)}
     torch.manual_seed(args.seed)
     norms: dict[str, list[float]] = {}
     with Database(args.db) as db, measurer(db, spec, args, source) as measure:
         # a replay can only tune on problems it holds rows of
-        problems = select_problems(args.split, args.problems, args.seed,
-                                   where=(lambda p: bool(measure.pool.offers(p))) if args.replay else None)
+        problems, note = select(split, args.problems, args.seed, model,
+                                (lambda p: bool(measure.pool.offers(p))) if args.replay else None)
         if args.replay and not problems:
-            raise FinetuneError(f"--replay {args.replay} has no rows of {spec.name} for {args.split}-split problems")
+            raise FinetuneError(nothing_held(args.replay, spec.name, split, model))
+        if note:
+            print(f"gnn-policy finetune: {note}", file=sys.stderr, flush=True)
+        too_much = model and budget_error(args.budget, len(problems), f"{model.name}'s distinct GEMMs tuned")
+        if too_much:
+            raise FinetuneError(too_much)
+        budget.cap = PER_PROBLEM * len(problems)
         if args.snapshot:
             load_shipped(db)
         state = _resume_state(state_path, plan, db.high_water()[0])
@@ -240,7 +270,7 @@ def run(args: FinetuneArgs) -> dict:
             "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,
             "spent_seconds": round(budget.spent_seconds, 1), "problems": [p.key for p in problems],
             "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()},
-            "guard": state.get("guard")}
+            "guard": state.get("guard"), "model": model.record(problems) if model else None}
     _write_atomic(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
     if tracker is not None:
         kept = (state.get("guard") or {}).get("kept", "adapted")
@@ -263,8 +293,8 @@ def _resume_state(path: Path, plan: dict, high_water: int) -> dict:
     if not path.exists():
         return {"plan": plan, "since": high_water, "round": 0, "spent_seconds": 0.0}
     state = json.loads(path.read_text())
-    # a state saved before --replay or ADAPT_VERSION existed lacks their keys
-    if {"replay": "", "adapt": 1, **state["plan"]} != plan:
+    # a state saved before --replay, ADAPT_VERSION or --model existed lacks their keys
+    if {"replay": "", "adapt": 1, "model": "", "tokens": "", "model_digest": "", **state["plan"]} != plan:
         raise FinetuneError(f"{path} belongs to a run with {state['plan']}, not {plan}: finish that run with "
                             "the same flags, or give another --output")
     return state

@@ -1,0 +1,87 @@
+"""The problems `finetune` spends its budget on: a suite split's (`--split`), or the distinct
+GEMMs of the model a user serves (`--model SPEC --tokens LIST`, expanded as `tune --model`
+expands it, by `gnn_policy.model_tune.model_rows`). A computation that several layers or token
+counts share is tuned once: the measurements and the adaptation see computations, not layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable
+
+from graphs import GemmProblem
+from gnn_policy.collect import select_problems
+from gnn_policy.model_tune import model_rows
+from training.transfer_log import file_digest
+
+DTYPE = "bf16"  # tune --model's default; finetune has no --dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProblems:
+    """A model's distinct computations, in the order a --problems cap takes them."""
+
+    spec: str  # --model as given
+    name: str
+    tokens: list[int]  # the token counts expanded (empty for a module whose example inputs set the shapes)
+    digest: str  # of the config.json or Python file that defines the model
+    problems: list[GemmProblem]
+    shared: dict[str, dict[str, list]]  # problem key -> the tokens and layers that run it
+
+    def record(self, tuned: list[GemmProblem]) -> dict[str, Any]:
+        """What the card says of the model: its file's digest and which of its GEMMs were tuned."""
+        return {"spec": self.spec, "name": self.name, "tokens": self.tokens, "digest": self.digest,
+                "distinct": len(self.problems),
+                "tuned": [{"problem": p.key, **self.shared[p.key]} for p in tuned]}
+
+
+def expand(spec: str, tokens: str) -> ModelProblems:
+    """SPEC's distinct GEMMs; a bad SPEC raises model_config.ConfigError (naming the field) or
+    model_tune.ModelSpecError, before the run measures or writes anything."""
+    model = model_rows(spec, tokens, DTYPE)
+    shared: dict[str, dict[str, list]] = {}
+    by_tokens: dict[int | None, list[GemmProblem]] = {}
+    for row in model.rows:
+        problem = row["problem"]
+        if problem.key not in shared:  # MoE experts' GEMMs can coincide across token counts
+            shared[problem.key] = {"tokens": [], "layers": []}
+            by_tokens.setdefault(row["tokens"], []).append(problem)
+        entry = shared[problem.key]
+        if row["tokens"] not in entry["tokens"]:
+            entry["tokens"].append(row["tokens"])
+        entry["layers"] += [layer for layer in row["layers"] if layer not in entry["layers"]]
+    # in turn from each token count, so that a cap still covers every count the user serves; each
+    # count's layer order starts one further along, so that the first picks also cover more layers
+    rotated = [g[i % len(g):] + g[:i % len(g)] for i, g in enumerate(by_tokens.values())]
+    order = [p for group in itertools.zip_longest(*rotated) for p in group if p is not None]
+    counts = sorted({row["tokens"] for row in model.rows} - {None})
+    return ModelProblems(spec, model.name, counts, file_digest(model.source), order, shared)
+
+
+def select(split: str, count: int, seed: int, model: ModelProblems | None,
+           offers: Callable[[GemmProblem], bool] | None) -> tuple[list[GemmProblem], str]:
+    """At most `count` tuning problems, only those `offers` accepts when given (a replay's
+    stored ones), and a note on what was left out ('' when nothing was)."""
+    if model is None:
+        return select_problems(split, count, seed, where=offers), ""
+    held = [p for p in model.problems if offers is None or offers(p)]
+    notes = []
+    if len(held) < len(model.problems):
+        notes.append(f"the replay holds rows of {len(held)} of {model.name}'s {len(model.problems)} distinct GEMMs")
+    if len(held) > count:
+        notes.append(f"{model.name} has {len(held)} distinct GEMMs over tokens {_tokens(model)}; tuning on "
+                     f"{count} of them (--problems {count}), taken in turn from each token count")
+    return held[:count], "; ".join(notes)
+
+
+def nothing_held(replay: str, gpu: str, split: str, model: ModelProblems | None) -> str:
+    """Why a replay has nothing to tune on."""
+    if model is None:
+        return f"--replay {replay} has no rows of {gpu} for {split}-split problems"
+    return (f"--replay {replay} has no rows of {gpu} for any of {model.name}'s {len(model.problems)} distinct "
+            f"GEMMs (tokens {_tokens(model)}): a replay only answers from stored measurements, so measure "
+            "them on that GPU first (gnn-policy finetune without --replay), or replay a --split instead of --model")
+
+
+def _tokens(model: ModelProblems) -> str:
+    return ",".join(map(str, model.tokens)) or "set by the example inputs"
