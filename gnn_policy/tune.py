@@ -6,7 +6,7 @@ import time
 
 from graphs.problem import DTYPES, EPILOGUE_ACTIVATIONS
 from gnn_policy.args import at_least, flag, one_of
-from gnn_policy.limits import addressing_error, check_fits
+from gnn_policy.limits import check_fits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +37,6 @@ class TuneArgs:
 
 class TuneError(ValueError):
     """Flags that do not name one GEMM or one model."""
-
-    def __post_init__(self) -> None:
-        why = addressing_error(self.m, self.n, self.k, self.batch)
-        if why:
-            raise ValueError(f"M={self.m}, N={self.n}, K={self.k}, batch={self.batch}: {why}")
 
 
 def run(args: TuneArgs) -> dict:
