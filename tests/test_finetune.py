@@ -298,3 +298,22 @@ def test_a_problems_measurements_take_turns_over_the_top_pick_the_doubt_and_a_ne
     near = _candidates(policy, problem, H200, known, 1, random.Random(0), offered)[0]
     index = policy.model.space.index
     assert sum(a != b for a, b in zip(index(near), index(top[0]))) == 1  # third: a neighbour of the best found
+
+
+def test_stored_configs_outside_the_policys_space_neither_become_candidates_nor_seed_mutations(bounded_ckpt):
+    import random
+
+    from gnn_policy.search import valid_configs
+    from gnn_policy.space import space
+    from graphs import GemmProblem
+    from training.finetune_measure import _candidates
+
+    policy, problem = Policy.load(bounded_ckpt), GemmProblem(64, 1024, 1024)
+    assert policy.model.space.name == "full"
+    persistent = [c for c in valid_configs(space("hopper"), H200, problem) if c.variant == "persistent"][:20]
+    ours = valid_configs(space("full"), H200, problem)[:100]
+    assert persistent and all(c not in policy.model.space for c in persistent)
+    offered = {c.key for c in persistent + ours}
+    known = {persistent[0].key: 500.0, ours[0].key: 100.0}  # the best found is one the policy cannot score
+    picked = _candidates(policy, problem, H200, known, 6, random.Random(0), offered)
+    assert len(picked) == 6 and all(c in policy.model.space and c.key not in known for c in picked)

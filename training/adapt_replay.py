@@ -37,7 +37,8 @@ from training.guard import EVERY_FOLD, MIN_SCORED, calibrated_only, cross_fit, f
 
 EVAL_PROBLEMS = 40  # transfer's --problems
 MIN_SCORED_JUDGED = (2, 4)  # the guard's cross-fit is asked under each: how many configs a judged problem needs
-TUNE_SPLIT = {"H200-SXM-141GB": "train"}  # a GPU not named here has rows of test problems alone
+# where a target tunes: the H100 was measured on random shapes alone; a GPU not named has rows of test problems alone
+TUNE_SPLIT = {"H200-SXM-141GB": "train", "H100-SXM5-80GB": "random-train"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,9 +73,13 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, 
         pool = [p.config for p in policy.top_k(problem, spec, 4 * max(n, ENSEMBLE_TOP // 4))]
     else:
         pool = [TileConfig.from_key(k) for k in sorted(offered - set(known))]
-    found = sorted((k for k, v in known.items() if v is not None and k != "cublas"), key=lambda k: -known[k])
+    # stored rows may hold configs of a wider space (a GPU collected with `persistent`): the policy
+    # can neither score nor mutate those, so they neither seed mutations nor become candidates
+    found = sorted((k for k, v in known.items() if v is not None and k != "cublas"
+                    and TileConfig.from_key(k) in space_), key=lambda k: -known[k])
     neighbours = _neighbours(TileConfig.from_key(found[0]), space_, offered, rng) if found else []
-    fresh = [c for c in dict.fromkeys(pool + neighbours) if c.key not in known and mask[space_.index(c)]]
+    fresh = [c for c in dict.fromkeys(pool + neighbours)
+             if c.key not in known and c in space_ and mask[space_.index(c)]]
     if not fresh:
         return []
     members = _ensemble(policy, problem, spec, fresh)
