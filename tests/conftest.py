@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 
+import pytest
 import torch
 
 # Tests build their own databases: the shipped snapshot stays out unless a test asks for it
@@ -21,3 +22,18 @@ def pytest_sessionfinish(session, exitstatus):
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    """A small untrained policy that knows the H200: the start of the fine-tune tests."""
+    import dataclasses
+
+    import hardware_specs
+    from gnn_policy.model import ModelConfig, PolicyModel
+
+    torch.manual_seed(0)
+    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(hardware_specs.load("h200").name,)))
+    path = tmp_path / "start.pt"
+    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
+    return path

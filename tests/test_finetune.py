@@ -30,15 +30,6 @@ def bounded_ckpt(tmp_path):
     return path
 
 
-@pytest.fixture()
-def ckpt(tmp_path):
-    torch.manual_seed(0)
-    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
-    path = tmp_path / "start.pt"
-    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
-    return path
-
-
 def _args(tmp_path, ckpt, **kw):
     base = dict(gpu="h200", budget="16", db=str(tmp_path / "m.sqlite"), checkpoint=str(ckpt),
                 output=str(tmp_path / "out"), problems=3, rounds=2, steps=2, runner="fake_runner:measure",

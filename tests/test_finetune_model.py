@@ -1,9 +1,7 @@
 """finetune --model SPEC --tokens LIST: the budget goes to the GEMMs tune --model picks for."""
-import dataclasses
 import json
 
 import pytest
-import torch
 
 import hardware_specs
 from graphs import GemmProblem
@@ -11,7 +9,6 @@ from graphs.model_config import ConfigError
 from gnn_policy.cli import main, parse
 from gnn_policy.database import Database
 from gnn_policy.measure.result import Measurement
-from gnn_policy.model import ModelConfig, PolicyModel
 from gnn_policy.search import valid_configs
 from gnn_policy.space import space
 from gnn_policy.tune import TuneArgs, run as tune
@@ -24,15 +21,6 @@ H200 = hardware_specs.load("h200")
 # 7 distinct GEMMs a token count: q, k and v (one computation), o, gate, up, down, lm_head
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
         "num_hidden_layers": 2, "vocab_size": 256}
-
-
-@pytest.fixture()
-def ckpt(tmp_path):
-    torch.manual_seed(0)
-    model = PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=(H200.name,)))
-    path = tmp_path / "start.pt"
-    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, path)
-    return path
 
 
 @pytest.fixture()
