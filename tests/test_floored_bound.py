@@ -24,6 +24,8 @@ A100 = hardware_specs.load("a100-sxm4-80gb")
 
 # The shipped checkpoint's three best scored configs and their predicted log TFLOP/s, taken
 # with the code before `floored_bound` existed (commit 1a35360): the option must not move them.
+# the default checkpoint until 2026-12-06, trained on the suite's families alone
+FAMILY = DEFAULT_CHECKPOINT.parent / "pretrained-family.pt"
 SHIPPED_TOP = [
     (GemmProblem(3000, 8192, 8192, b_layout="col", bias=True),
      ["bm128_bn256_bk32_sk1_gm16_w8_s4_tma", "bm256_bn128_bk64_sk1_gm4_w8_s4_tma", "bm128_bn256_bk32_sk1_gm4_w8_s4_tma"],
@@ -46,10 +48,10 @@ def _random_problem(rng: random.Random) -> GemmProblem:
                        b_layout=rng.choice(["row", "col"]), bias=rng.random() < 0.5)
 
 
-def test_the_shipped_checkpoint_has_no_floor_and_scores_as_before():
-    fields = model_fields(DEFAULT_CHECKPOINT, read_checkpoint(DEFAULT_CHECKPOINT))
+def test_a_checkpoint_saved_before_the_floor_existed_has_none_and_scores_as_before():
+    fields = model_fields(FAMILY, read_checkpoint(FAMILY))
     assert "floored_bound" not in fields  # saved before the option: the default applies
-    policy = Policy.load(DEFAULT_CHECKPOINT)
+    policy = Policy.load(FAMILY)
     assert policy.model.cfg.floored_bound is False
     for problem, keys, log_tflops in SHIPPED_TOP:
         s = policy.scores(problem, H200)
@@ -126,3 +128,12 @@ def test_pretrain_flag_reaches_the_checkpoint(tmp_path):
                             floored_bound=True))
     assert card["model_config"]["floored_bound"] is True and card["args"]["floored_bound"] is True
     assert Policy.load(tmp_path / "ckpt" / "pretrained.pt").model.cfg.floored_bound is True
+
+
+def test_the_default_checkpoint_is_floored_and_was_trained_on_random_shapes():
+    import json
+
+    assert Policy.load(DEFAULT_CHECKPOINT).model.cfg.floored_bound is True
+    card = json.loads(DEFAULT_CHECKPOINT.with_suffix(".card.json").read_text())
+    assert card["data"]["train"]["problems_by_split"]["random-train"] > 0
+    assert "random-test" not in card["data"]["train"]["problems_by_split"]
