@@ -83,8 +83,11 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.parametrize("how", ["ctrl-c", "kill", "kill-9"])
 def test_a_stopped_collection_resumes_to_the_uninterrupted_rows(uninterrupted, tmp_path, monkeypatch, capsys, how):
     db, shards = tmp_path / "m.sqlite", tmp_path / "shards"
+    # as a terminal's foreground job: a suite started in the background (`nohup ... &`) ignores
+    # SIGINT, and an ignored signal stays ignored across exec, so the child would never see Ctrl-C
     proc = subprocess.Popen([sys.executable, "-m", "gnn_policy.cli", *_collect(db, shards)], env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:  # until the first problem is stored
         try:
