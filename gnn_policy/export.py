@@ -89,19 +89,18 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
 def gemms(args: ExportArgs) -> tuple[list[tuple[int | None, str, GemmProblem]], list[dict], Any]:
     """([(tokens, layer, problem)], skipped, model spec or None) of the flags' model or shapes."""
     from graphs.model_config import load_config
-    from gnn_policy.model_tune import DEFAULT_TOKENS, distinct_rows, is_config, model_gemm_list, parse_tokens
+    from gnn_policy.model_tune import DEFAULT_TOKENS, is_config, model_rows, parse_tokens
 
     if bool(args.model) == bool(args.shapes):
         raise ExportError("give --model or --shapes, one of them")
-    tokens = parse_tokens(args.tokens) if args.tokens else None
     if args.shapes:
+        tokens = parse_tokens(args.tokens) if args.tokens else DEFAULT_TOKENS
         return [(t, f"{n}x{k}", GemmProblem(t, n, k, dtype=args.dtype, b_layout="col"))
-                for t in tokens or DEFAULT_TOKENS for n, k in _parse_shapes(args.shapes)], [], None
-    _, calls, left_out = model_gemm_list(args.model, tokens, args.dtype)
+                for t in tokens for n, k in _parse_shapes(args.shapes)], [], None
+    model = model_rows(args.model, args.tokens, args.dtype)
     spec = load_config(args.model) if is_config(args.model) else None
-    rows = distinct_rows(calls)
-    return ([(r["tokens"], ", ".join(r["layers"]), r["problem"]) for r in rows],
-            [{"what": w, "why": y} for w, y in left_out], spec)
+    return ([(r["tokens"], ", ".join(r["layers"]), r["problem"]) for r in model.rows],
+            [{"what": w, "why": y} for w, y in model.skipped], spec)
 
 
 def picker(args: ExportArgs, gpu: Any) -> Callable[[GemmProblem, int, str], list[TileConfig]]:
