@@ -3,11 +3,13 @@
 The cost head is trained to rank configs; its TFLOP/s are not to scale (2-4x too high on
 the H200, and above the roofline: docs/BENCHMARKS.md). A calibration maps them, per GPU, to
 
-    calibrated = min(B, R x exp(min(0, intercept + slope x log(predicted / R))))
+    calibrated = min(B, R x exp(min(0, intercept + slope x log(predicted / R) + level)))
 
 - R, the roofline of the work: FLOPs at the spec's peak or bytes at its bandwidth, whichever
   takes longer. The cost head's efficiency is relative to it (`cost_features.problem_vector`),
   so the fitted line is too.
+- level, the problem's offset from the line, from its shape, layouts, alignments and the
+  policy's context for it (`gnn_policy.calibration_level`; 0 in a fit without one).
 - B, the bound: R's time plus the GPU's launch floor (`GpuSpec.launch_floor_us`). Under
   CUDA-graph timing no kernel on the H200 took less than 2.5 us, so a tiny problem's R
   (1x2x56x105: 0.003 us) is 1000x faster than any kernel; B is what physics allows, and no
@@ -16,7 +18,7 @@ the H200, and above the roofline: docs/BENCHMARKS.md). A calibration maps them, 
 
 The floor caps the line instead of being its base because the shipped cost head was trained
 without it: its efficiencies carry the floor's share of a small problem's time already, and
-a line fitted on B counted it twice (val median |log error| 0.181 -> 0.234). The two numbers
+a line fitted on B counted it twice (val median |log error| 0.181 -> 0.234). The numbers
 are a least-squares fit on real measurements of the configs the cost head likes best
 (`python -m gnn_policy.benchmarks.calibrate`), stored beside the checkpoint as
 `<checkpoint>.calibration.json` with the fit's held-out error. A GPU without a fit gets the
@@ -55,11 +57,19 @@ class Calibration:
     gpu: str
     intercept: float
     slope: float
+    # weights of the per-problem level over `calibration_level.level_features` (empty: no level)
+    level: tuple[float, ...] = ()
 
-    def apply(self, predicted_tflops: float, roof: float, bound: float) -> float:
+    def apply(self, predicted_tflops: float, roof: float, bound: float, features: Sequence[float] = ()) -> float:
         """The calibrated TFLOP/s of a prediction for a problem whose roofline of the work is
-        `roof` TFLOP/s and whose bound (the roofline with the launch floor) is `bound`."""
-        return min(bound, roof * math.exp(min(0.0, self.intercept + self.slope * math.log(predicted_tflops / roof))))
+        `roof` TFLOP/s and whose bound (the roofline with the launch floor) is `bound`;
+        `features`: the problem's level features, which a fit with a level needs."""
+        if len(features) != len(self.level):
+            raise ValueError(f"the calibration of {self.gpu} reads {len(self.level)} level features, "
+                             f"got {len(features)} (calibration_level.level_features)")
+        level = sum(w * f for w, f in zip(self.level, features))
+        line = self.intercept + self.slope * math.log(predicted_tflops / roof) + level
+        return min(bound, roof * math.exp(min(0.0, line)))
 
 
 def path_for(checkpoint: str | Path) -> Path:
@@ -74,16 +84,19 @@ def load(checkpoint: str | Path) -> dict[str, Calibration]:
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
-    return {gpu: Calibration(gpu, c["intercept"], c["slope"]) for gpu, c in data["gpus"].items()}
+    level = tuple(data.get("level", {}).get("weights", ()))
+    return {gpu: Calibration(gpu, c["intercept"], c["slope"], level) for gpu, c in data["gpus"].items()}
 
 
 def calibrated(predicted_tflops: float, problem: GemmProblem, gpu: GpuSpec,
-               calibrations: dict[str, Calibration]) -> tuple[float, bool]:
+               calibrations: dict[str, Calibration], features: Sequence[float] = ()) -> tuple[float, bool]:
     """(figure, whether a fit for this GPU made it): the calibrated TFLOP/s, or without a fit
-    the cost head's capped at the bound (the roofline with the launch floor)."""
+    the cost head's capped at the bound (the roofline with the launch floor). `features`: the
+    problem's level features where the fit has a level (`calibration_level.displayed` passes them)."""
     bound = roofline_tflops(problem, gpu)
     if gpu.name in calibrations:
-        return calibrations[gpu.name].apply(predicted_tflops, roofline_tflops(problem, gpu, floor=False), bound), True
+        roof = roofline_tflops(problem, gpu, floor=False)
+        return calibrations[gpu.name].apply(predicted_tflops, roof, bound, features), True
     return min(predicted_tflops, bound), False
 
 

@@ -161,6 +161,7 @@ def gpu_of(name: str) -> Any:
 def run(args: Any) -> dict:
     """`tune --model`: rows of first picks (and, with args.measure, their times against cuBLAS)."""
     from gnn_policy import calibration
+    from gnn_policy.calibration_level import displayed
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
     if args.measure:
@@ -176,7 +177,7 @@ def run(args: Any) -> dict:
     for row in rows:
         problem = row.pop("problem")
         pick = policy.top_k(problem, gpu, 1)[0]
-        tflops, fitted = calibration.calibrated(pick.predicted_tflops, problem, gpu, fits)
+        tflops, fitted = displayed(pick.predicted_tflops, problem, gpu, fits, policy)
         row.update(shape=shape(problem), problem=problem.key, layouts=f"{problem.a_layout}/{problem.b_layout}",
                    epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=round(tflops, 1))
     out = {"model": model.name, "gpu": gpu.name, "checkpoint": str(checkpoint), "calibrated": fitted,

@@ -107,6 +107,7 @@ class Scores:
     log_tflops: torch.Tensor  # their predicted log TFLOP/s, in that order
     by_flat: torch.Tensor  # [len(space)] the same by flat grid index, -inf for invalid configs
     log_z: float  # logsumexp of log_tflops / TEMPERATURE: the distribution's normaliser
+    context: torch.Tensor  # [hidden] the encoder's context h for the problem on the GPU
 
     def log_prob(self, log_tflops: torch.Tensor) -> torch.Tensor:
         return log_tflops / TEMPERATURE - self.log_z
@@ -166,10 +167,17 @@ class Policy:
             flat, pred = score_all(self.model, self._table(gpu, problem.dtype, dims, weights), h, dims, mask[0])
             by_flat = torch.full((mask.numel(),), float("-inf")).index_put_((flat,), pred)
             head, top = pred.topk(min(HEAD, len(pred)))  # a full sort of ~56,000 scores costs 4 ms
-            self._scores[key] = Scores(flat[top], head, by_flat, torch.logsumexp(pred / TEMPERATURE, 0).item())
+            self._scores[key] = Scores(flat[top], head, by_flat, torch.logsumexp(pred / TEMPERATURE, 0).item(), h[0])
         if len(self._scores) > CACHED:
             self._scores.popitem(last=False)
         return self._scores[key]
+
+    def context(self, problem: GemmProblem, gpu: GpuSpec) -> list[float]:
+        """The encoder's context for the problem on the GPU (what a calibration's level reads);
+        cached with the scores under a cost model."""
+        if self.model.cfg.cost_model == 1:
+            return self.scores(problem, gpu).context.tolist()
+        return self._encode(problem, gpu)[0][0].tolist()
 
     def _table(self, gpu: GpuSpec, dtype: str, dims: torch.Tensor, weights: tuple) -> ConfigTable:
         key = (gpu, dtype, weights)

@@ -51,6 +51,7 @@ def run(args: TuneArgs) -> dict:
     import hardware_specs
     from graphs import GemmProblem
     from gnn_policy import calibration
+    from gnn_policy.calibration_level import displayed
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
     problem = GemmProblem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype, bias=args.bias,
@@ -70,7 +71,7 @@ def run(args: TuneArgs) -> dict:
     elapsed_ms = round(1e3 * (time.perf_counter() - start), 2)
     # a displayed figure is a calibrated one, never above the roofline
     fits = calibration.load(args.checkpoint or DEFAULT_CHECKPOINT)
-    shown = [calibration.calibrated(p.predicted_tflops, problem, gpu, fits) for p in picks]
+    shown = [displayed(p.predicted_tflops, problem, gpu, fits, policy) for p in picks]
     out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": elapsed_ms,
            "roofline_tflops": round(calibration.roofline_tflops(problem, gpu), 1),
            "calibrated": bool(shown) and shown[0][1],

@@ -8,6 +8,7 @@ import hardware_specs
 from graphs import GemmProblem
 from gnn_policy import calibration as cal
 from gnn_policy.benchmarks.calibrate import report
+from gnn_policy.calibration_level import SHAPE_FIELDS, fit_level, shape_features
 
 H200 = hardware_specs.load("h200")
 
@@ -66,11 +67,15 @@ def test_calibration_file_beside_the_checkpoint(tmp_path):
     assert fitted and figure == pytest.approx(20.0 / math.e)
 
 
+def _row(split, predicted, measured, gpu="X", features=(0.0,), roof=100.0, bound=90.0):
+    return {"gpu": gpu, "split": split, "predicted": predicted, "measured": measured, "roof": roof, "bound": bound,
+            "features": list(features)}
+
+
 def test_report_fits_on_train_and_checks_on_the_rest():
-    rows = [{"split": s, "predicted": 4 * m, "measured": m, "roof": 100.0, "bound": 90.0}
-            for s, m in [("train", 10.0), ("random-train", 40.0), ("val", 20.0), ("test", 5.0)]]
-    rows.append({"split": "random-test", "predicted": 8.0, "measured": 1.0, "roof": 100.0, "bound": 0.5})
-    out = report(rows, "X")
+    rows = [_row(s, 4 * m, m) for s, m in [("train", 10.0), ("random-train", 40.0), ("val", 20.0), ("test", 5.0)]]
+    rows.append(_row("random-test", 8.0, 1.0, bound=0.5))
+    out = report(rows)["gpus"]["X"]
     assert out["slope"] == pytest.approx(1.0) and out["intercept"] == pytest.approx(-math.log(4), abs=1e-4)
     # held out: val, test and random-test; the random-test row is capped at its bound, off by 2x
     assert out["held_out"]["calibrated"] == {"median_abs_log_error": 0.0, "within_20pct": pytest.approx(2 / 3, abs=1e-3),
@@ -82,10 +87,64 @@ def test_report_fits_on_train_and_checks_on_the_rest():
 
 
 def test_a_gpu_measured_on_random_shapes_alone_is_fitted_and_checked():
-    rows = [{"split": s, "predicted": 2 * m, "measured": m, "roof": 100.0, "bound": 90.0}
-            for s, m in [("random-train", 10.0), ("random-train", 30.0), ("random-val", 20.0)]]
-    out = report(rows, "X")
+    rows = [_row(s, 2 * m, m) for s, m in [("random-train", 10.0), ("random-train", 30.0), ("random-val", 20.0)]]
+    out = report(rows)["gpus"]["X"]
     assert out["slope"] == pytest.approx(1.0) and out["held_out"]["calibrated"]["rows"] == 1
     assert set(out["by_split"]) == {"random-val"}
     with pytest.raises(SystemExit, match="held-out split"):
-        report([r for r in rows if r["split"] == "random-train"], "X")
+        report([r for r in rows if r["split"] == "random-train"])
+    with pytest.raises(SystemExit, match="training role.*on Y"):  # every GPU needs its own training rows
+        report(rows + [_row("val", 2.0, 1.0, gpu="Y")])
+
+
+def _planted(gpu: str, intercept: float, slope: float, n: int = 40):
+    """Rows whose measured TFLOP/s follow a line per GPU plus a level 0.7 x f0 - 0.3 x f1."""
+    rows = []
+    for i in range(n):
+        f = [math.sin(i), (i % 5) - 2.0]
+        predicted, roof = 5.0 + 3 * i, 400.0
+        line = intercept + slope * math.log(predicted / roof) + 0.7 * f[0] - 0.3 * f[1]
+        rows.append(_row("train", predicted, roof * math.exp(line), gpu=gpu, features=f, roof=roof, bound=roof))
+    return rows
+
+
+def test_the_level_fit_recovers_a_line_per_gpu_and_one_shared_level():
+    rows = _planted("A", -1.0, 0.8) + _planted("B", -0.5, 1.1)
+    lines, level = fit_level(rows, ridge=0.0)
+    assert lines["A"] == (pytest.approx(-1.0), pytest.approx(0.8)) and lines["B"] == (pytest.approx(-0.5), pytest.approx(1.1))
+    assert level == (pytest.approx(0.7), pytest.approx(-0.3))
+    cal_a = cal.Calibration("A", *lines["A"], level)
+    assert all(cal_a.apply(r["predicted"], r["roof"], r["bound"], r["features"]) == pytest.approx(r["measured"])
+               for r in rows if r["gpu"] == "A")
+    _, shrunk = fit_level(rows, ridge=1e4)  # the ridge shrinks the level, never the lines
+    assert all(abs(s) < abs(w) for s, w in zip(shrunk, level))
+    with pytest.raises(ValueError, match="one length"):
+        fit_level(rows + [_row("train", 1.0, 1.0, gpu="A", features=(1.0, 2.0, 3.0))])
+    with pytest.raises(ValueError, match="two distinct"):
+        fit_level([_row("train", 2.0, 1.0, gpu="A", features=(1.0,)), _row("train", 2.0, 3.0, gpu="A", features=(2.0,))])
+
+
+def test_a_fit_with_a_level_reads_its_features_and_stays_under_the_bound(tmp_path):
+    ckpt, p = tmp_path / "p.pt", GemmProblem(16, 4096, 4096)
+    cal.path_for(ckpt).write_text(json.dumps({"level": {"weights": [2.0, -1.0]},
+                                              "gpus": {H200.name: {"intercept": -1.0, "slope": 1.0}}}))
+    fits = cal.load(ckpt)
+    assert fits[H200.name].level == (2.0, -1.0)
+    roof = cal.roofline_tflops(p, H200, floor=False)
+    figure, fitted = cal.calibrated(10.0, p, H200, fits, [0.5, 1.0])  # level 0: the line alone
+    assert fitted and figure == pytest.approx(10.0 / math.e)
+    figure, _ = cal.calibrated(10.0, p, H200, fits, [1.0, 0.0])  # level +2
+    assert figure == pytest.approx(min(cal.roofline_tflops(p, H200), roof, 10.0 * math.e))
+    for features in ([50.0, 0.0], [-50.0, 3.0]):
+        assert 0 < cal.calibrated(10.0, p, H200, fits, features)[0] <= cal.roofline_tflops(p, H200)
+    with pytest.raises(ValueError, match="reads 2 level features, got 0"):
+        cal.calibrated(10.0, p, H200, fits)
+
+
+def test_shape_features_see_alignment_and_layout():
+    odd, aligned = GemmProblem(4736, 465, 3072), GemmProblem(4736, 512, 3072, b_layout="col")
+    f_odd, f_aligned = (dict(zip(SHAPE_FIELDS, shape_features(q, H200))) for q in (odd, aligned))
+    assert len(shape_features(odd, H200)) == len(SHAPE_FIELDS)
+    assert f_odd["b_lead_mod8"] == 0.0 and f_aligned["b_lead_mod8"] == 1.0  # B row-major: N is its leading dim
+    assert f_odd["b_col"] == 0.0 and f_aligned["b_col"] == 1.0
+    assert f_odd["log_n"] == pytest.approx(math.log(465))

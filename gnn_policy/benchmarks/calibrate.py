@@ -2,15 +2,17 @@
 
     python -m gnn_policy.benchmarks.calibrate --db /tmp/r.sqlite --checkpoint checkpoints/pretrained.pt
 
-For every problem of the GPU with correct real rows, the cost head predicts the TFLOP/s of
-the measured configs and the `--top` it predicts fastest are kept: the configs a user is shown
-first, chosen by prediction, not by outcome. The fit uses the training role (the train
-families and random-train, `graphs.classes.ROLES`) and is checked on every held-out split together
-(`held_out`: the val and test roles, family and random, so a GPU measured on random shapes alone,
-as the H100, is checked too) and on each alone (`by_split`: random-test is where a user's shapes are), in DESIGN's calibration figures: median |log(estimate / measured)| and the
-share within 20%, raw, capped at the bound and calibrated, with the rows measured above the
-bound (`measured_above_bound`: the launch floor must keep it at 0). Writes
-`<checkpoint>.calibration.json`.
+For every problem of each `--gpu` with correct real rows, the cost head predicts the TFLOP/s
+of the measured configs and the `--top` it predicts fastest are kept: the configs a user is
+shown first, chosen by prediction, not by outcome. The fit (`gnn_policy.calibration_level`: a
+line per GPU and a level per problem shared by the GPUs) uses the training role (the train
+families and random-train, `graphs.classes.ROLES`) and is checked on every held-out split
+together (`held_out`: the val and test roles, family and random, so a GPU measured on random
+shapes alone, as the H100, is checked too) and on each alone (`by_split`: random-test is where
+a user's shapes are), in DESIGN's calibration figures: median |log(estimate / measured)| and
+the share within 20%, raw, capped at the bound, with the GPU's line alone and calibrated, with
+the rows measured above the bound (`measured_above_bound`: the launch floor must keep it at 0).
+Writes `<checkpoint>.calibration.json` and prints the calibrated held-out figures.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 import hardware_specs
 from graphs.classes import ROLES, split_of
 from gnn_policy.calibration import Calibration, errors, fit, path_for, roofline_tflops
+from gnn_policy.calibration_level import RIDGE, SHAPE_FIELDS, fit_level, level_features
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
@@ -31,9 +34,10 @@ from gnn_policy.space import TileConfig
 
 
 def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, top: int) -> list[dict]:
-    """(split, predicted, measured, roof, bound) of the `top` measured configs the cost head
-    likes best, per problem of a suite or random split: roof is the roofline of the work (the
-    fit's base), bound the roofline with the launch floor (`gnn_policy.calibration`)."""
+    """(gpu, split, predicted, measured, roof, bound, features) of the `top` measured configs the
+    cost head likes best, per problem of a suite or random split: roof is the roofline of the
+    work (the fit's base), bound the roofline with the launch floor (`gnn_policy.calibration`),
+    features the problem's level features (`gnn_policy.calibration_level`)."""
     space = policy.model.space
     rows = []
     for problem in db.problems(gpu.name):
@@ -48,33 +52,49 @@ def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, to
             idx = torch.tensor([space.index(c) for c in configs])[None]
             predicted = policy.cost(h, problem, gpu, idx)[0].exp().tolist()
         roof, bound = roofline_tflops(problem, gpu, floor=False), roofline_tflops(problem, gpu)
+        features = level_features(problem, gpu, h[0].tolist())
         best = sorted(zip(predicted, configs), key=lambda x: -x[0])[:top]
-        rows += [{"split": split, "predicted": p, "measured": measured[c], "roof": roof, "bound": bound}
-                 for p, c in best]
+        rows += [{"gpu": gpu.name, "split": split, "predicted": p, "measured": measured[c], "roof": roof,
+                  "bound": bound, "features": features} for p, c in best]
     return rows
 
 
-def report(rows: list[dict], gpu: str) -> dict:
+def report(rows: list[dict]) -> dict:
+    """The level fit on every GPU's training rows (`calibration_level.fit_level`) and, per GPU,
+    its figures raw, capped, with its own line alone (`calibration.fit`, no level) and calibrated."""
     train = [r for r in rows if r["split"] in ROLES["train"]]
-    held = [r for r in rows if r["split"] in ROLES["val"] + ROLES["test"]]
-    if not train or not held:
-        raise SystemExit(f"need rows of the training role ({', '.join(ROLES['train'])}) and of a held-out split "
-                         f"({', '.join(ROLES['val'] + ROLES['test'])}) on {gpu}; got {len(train)} and {len(held)}")
-    intercept, slope = fit([r["predicted"] for r in train], [r["measured"] for r in train], [r["roof"] for r in train])
-    cal = Calibration(gpu, intercept, slope)
+    for gpu in sorted({r["gpu"] for r in rows}):
+        mine, held = [r for r in train if r["gpu"] == gpu], [r for r in rows if r["gpu"] == gpu and _held(r)]
+        if not mine or not held:
+            raise SystemExit(f"need rows of the training role ({', '.join(ROLES['train'])}) and of a held-out split "
+                             f"({', '.join(ROLES['val'] + ROLES['test'])}) on {gpu}; got {len(mine)} and {len(held)}")
+    lines, level = fit_level(train)
+    out = {"level": {"fields": list(SHAPE_FIELDS) + ["context"], "ridge": RIDGE, "weights": [round(w, 6) for w in level]},
+           "gpus": {}}
+    for gpu, (intercept, slope) in lines.items():
+        mine = [r for r in rows if r["gpu"] == gpu]
+        own = [r for r in mine if r["split"] in ROLES["train"]]
+        line = Calibration(gpu, *fit([r["predicted"] for r in own], [r["measured"] for r in own], [r["roof"] for r in own]))
+        cal = Calibration(gpu, intercept, slope, tuple(round(w, 6) for w in level))
 
-    def figures(part: list[dict]) -> dict:
-        measured = [r["measured"] for r in part]
-        capped = [min(r["predicted"], r["bound"]) for r in part]
-        fitted = [cal.apply(r["predicted"], r["roof"], r["bound"]) for r in part]
-        return {"raw": errors([r["predicted"] for r in part], measured), "capped_at_roofline": errors(capped, measured),
-                "calibrated": errors(fitted, measured),
-                "measured_above_bound": sum(r["measured"] > r["bound"] for r in part)}
+        def figures(part: list[dict]) -> dict:
+            measured = [r["measured"] for r in part]
+            return {"raw": errors([r["predicted"] for r in part], measured),
+                    "capped_at_roofline": errors([min(r["predicted"], r["bound"]) for r in part], measured),
+                    "line_alone": errors([line.apply(r["predicted"], r["roof"], r["bound"]) for r in part], measured),
+                    "calibrated": errors([cal.apply(r["predicted"], r["roof"], r["bound"], r["features"])
+                                          for r in part], measured),
+                    "measured_above_bound": sum(r["measured"] > r["bound"] for r in part)}
 
-    return {"intercept": round(intercept, 4), "slope": round(slope, 4),
-            "train": figures(train), "held_out": figures(held),
-            "by_split": {name: figures([r for r in rows if r["split"] == name])
-                         for name in sorted({r["split"] for r in rows} - set(ROLES["train"]))}}
+        out["gpus"][gpu] = {"intercept": round(intercept, 4), "slope": round(slope, 4),
+                            "train": figures(own), "held_out": figures([r for r in mine if _held(r)]),
+                            "by_split": {name: figures([r for r in mine if r["split"] == name])
+                                         for name in sorted({r["split"] for r in mine if _held(r)})}}
+    return out
+
+
+def _held(row: dict) -> bool:
+    return row["split"] in ROLES["val"] + ROLES["test"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,13 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=8, help="configs per problem, the cost head's favourites")
     ns = ap.parse_args(argv)
     policy = Policy.load(ns.checkpoint)
-    out = {"checkpoint": ns.checkpoint.name, "top": ns.top, "gpus": {}}
     with Database(ns.db) as db:
         load_shipped(db)
-        for name in ns.gpu.split(","):
-            gpu = hardware_specs.load(name)
-            out["gpus"][gpu.name] = report(favourite_rows(policy, db, gpu, ns.top), gpu.name)
-    print(json.dumps(out, indent=1))
+        rows = [r for name in ns.gpu.split(",") for r in favourite_rows(policy, db, hardware_specs.load(name), ns.top)]
+    out = {"checkpoint": ns.checkpoint.name, "top": ns.top, **report(rows)}
+    summary = {gpu: {part: fig["calibrated"] for part, fig in [("held_out", g["held_out"]), *g["by_split"].items()]}
+               for gpu, g in out["gpus"].items()}
+    print(json.dumps(summary, indent=1))
     path_for(ns.checkpoint).write_text(json.dumps(out, indent=1) + "\n")
 
 
