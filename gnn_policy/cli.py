@@ -248,6 +248,9 @@ def _config(path: str, cls: type) -> dict[str, Any]:
     return fields
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head`'s writer
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; a user's error or an interrupt is one line on stderr, never a traceback."""
     prog = "gnn-policy"
@@ -265,6 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader closed the pipe (`gnn-policy specs | head`): stop quietly
+        # stdout's buffer would fail again when Python flushes it at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

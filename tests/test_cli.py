@@ -20,6 +20,18 @@ def test_specs_table_lists_every_gpu():
         assert name in res.stdout
 
 
+def test_a_reader_that_closes_the_pipe_stops_the_command_quietly():
+    """`gnn-policy specs | head -1`: the reader has gone, the rest is not written, no traceback."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write: every write fails with EPIPE
+    res = subprocess.run([sys.executable, "-m", "gnn_policy.cli", "specs"], stdout=write, stderr=subprocess.PIPE,
+                         text=True)
+    os.close(write)
+    assert res.returncode == 141 and res.stderr == ""
+
+
 def test_specs_json_uses_yaml_field_names():
     res = _cli("specs", "--json")
     specs = json.loads(res.stdout)
