@@ -39,12 +39,12 @@ def _args(tmp_path, ckpt, model, **kw):
 
 def test_the_problems_are_the_distinct_gemms_tune_picks_for(ckpt):
     rows = tune(TuneArgs(model="llama-3-8b", tokens="1,2048", gpu="h200", checkpoint=str(ckpt)))["rows"]
-    model = expand("llama-3-8b", "1,2048")
+    model = expand("llama-3-8b", "1,2048", "bf16")
     assert [p.key for p in model.problems] != [r["problem"] for r in rows]  # a cap's order: in turn per token count
     assert sorted(p.key for p in model.problems) == sorted(r["problem"] for r in rows) and len(rows) == 14
     for r in rows:
         assert model.shared[r["problem"]] == {"tokens": [r["tokens"]], "layers": r["layers"]}
-    moe = expand("mixtral-8x7b", "15,16")  # 30 and 32 routed rows: the same 8 experts' GEMMs of 4 rows each
+    moe = expand("mixtral-8x7b", "15,16", "bf16")  # 30 and 32 routed rows: the same 8 experts' GEMMs of 4 rows each
     assert moe.shared["8x4x28672x4096_bf16_rc"] == {"tokens": [15, 16], "layers": ["mlp.experts.gate_up_proj"]}
     assert len({p.key for p in moe.problems}) == len(moe.problems)  # tuned once
 
@@ -116,9 +116,23 @@ def test_a_replay_tunes_on_the_model_gemms_it_holds_and_says_when_it_holds_none(
     with pytest.raises(FinetuneError, match=r"no rows of H200-SXM-141GB for any of tiny's 14 distinct GEMMs "
                                             r"\(tokens 1,16\): a replay only answers from stored measurements"):
         run(_args(tmp_path, ckpt, tiny, replay=str(source), snapshot=False))
-    held = expand(str(tiny), "1,16").problems[5]
+    held = expand(str(tiny), "1,16", "bf16").problems[5]
     _store(source, held)
     card = run(_args(tmp_path, ckpt, tiny, replay=str(source), snapshot=False, db=str(tmp_path / "r.sqlite"),
                      output=str(tmp_path / "r")))
     assert card["problems"] == [held.key] and card["spent_measurements"] == 4
     assert "the replay holds rows of 1 of tiny's 14 distinct GEMMs" in capsys.readouterr().err
+
+
+def test_dtype_sets_the_model_gemms_dtype_and_needs_a_model(tmp_path, ckpt, tiny, capsys, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)  # the fake runner stands in for the H200
+    card = run(_args(tmp_path, ckpt, tiny, dtype="fp16"))
+    assert card["problems"] and all(key.split("_")[1] == "fp16" for key in card["problems"])
+    assert json.loads((tmp_path / "out" / "h200.finetune.json").read_text())["plan"]["dtype"] == "fp16"
+    with pytest.raises(FinetuneError, match="belongs to a run with"):  # the bf16 GEMMs are another run
+        run(_args(tmp_path, ckpt, tiny))
+    with pytest.raises(ValueError, match="--dtype sets the dtype of --model's GEMMs"):
+        FinetuneArgs(gpu="h200", dtype="fp16")
+    with pytest.raises(SystemExit):
+        parse(["finetune", "--gpu", "h200", "--model", "gpt2", "--dtype", "int8"])
+    assert "argument --dtype" in capsys.readouterr().err

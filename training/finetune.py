@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+from graphs.problem import DTYPES
 from gnn_policy.args import at_least, flag, int_list, one_of, positive
 from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
@@ -74,6 +75,8 @@ class FinetuneArgs:
                           "--model reads it")
     tokens: str = flag("", "token counts of --model's GEMMs, comma-separated; empty: 1,16,128,2048",
                        check=int_list(1))
+    dtype: str = flag("", "dtype of --model's GEMMs: fp16, bf16 or fp32 (empty: bf16, as tune --model)",
+                      check=one_of("", *DTYPES))
     problems: int = flag(8, "tuning problems, spread over the split's families (or the most of --model's "
                             "distinct GEMMs, taken in turn from each token count)", check=at_least(1))
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over", check=at_least(1))
@@ -112,6 +115,9 @@ class FinetuneArgs:
                              "GEMMs, --split on a suite split's problems")
         if self.tokens and not self.model:
             raise ValueError("--tokens sets the token counts of --model's GEMMs: give --model too")
+        if self.dtype and not self.model:
+            raise ValueError("--dtype sets the dtype of --model's GEMMs (a split's problems carry their own): "
+                             "give --model too")
         # a model's problem count is known once it is expanded: `run` checks it then
         why = "" if self.model else budget_error(self.budget, self.problems, "--problems")
         if why:
@@ -186,7 +192,8 @@ def run(args: FinetuneArgs) -> dict:
     from training.tuning_problems import expand, nothing_held, select
 
     spec = hardware_specs.load(args.gpu)
-    model = expand(args.model, args.tokens) if args.model else None  # a bad SPEC fails before anything is written
+    # a bad SPEC fails before anything is written
+    model = expand(args.model, args.tokens, args.dtype or "bf16") if args.model else None
     split = args.split or ("" if model else "train")
     budget = Budget.parse(args.budget)
     if args.replay and (args.simulate or args.snapshot):
@@ -209,7 +216,7 @@ def run(args: FinetuneArgs) -> dict:
                                           "lr", "calibration_steps", "calibration_lr", "guard", "snapshot",
                                           "analytic", "replay", "model", "tokens")} | \
         {"split": split, "model_digest": model.digest if model else "", "adapt": ADAPT_VERSION,
-         "start_digest": file_digest(start_path)}
+         "start_digest": file_digest(start_path)} | ({"dtype": args.dtype or "bf16"} if model else {})
     torch.manual_seed(args.seed)
     norms: dict[str, list[float]] = {}
     with Database(args.db) as db, measurer(db, spec, args, source) as measure:

@@ -14,8 +14,6 @@ from gnn_policy.collect import select_problems
 from gnn_policy.model_tune import model_rows
 from training.transfer_log import file_digest
 
-DTYPE = "bf16"  # tune --model's default; finetune has no --dtype
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelProblems:
@@ -35,10 +33,10 @@ class ModelProblems:
                 "tuned": [{"problem": p.key, **self.shared[p.key]} for p in tuned]}
 
 
-def expand(spec: str, tokens: str) -> ModelProblems:
+def expand(spec: str, tokens: str, dtype: str) -> ModelProblems:
     """SPEC's distinct GEMMs; a bad SPEC raises model_config.ConfigError (naming the field) or
     model_tune.ModelSpecError, before the run measures or writes anything."""
-    model = model_rows(spec, tokens, DTYPE)
+    model = model_rows(spec, tokens, dtype)
     shared: dict[str, dict[str, list]] = {}
     by_tokens: dict[int | None, list[GemmProblem]] = {}
     for row in model.rows:
