@@ -1,5 +1,6 @@
 """A tiny seeded pretraining run on a synthetic database: it trains, logs, and writes a loadable
 checkpoint with its card; its loss is pinned."""
+import dataclasses
 import json
 import math
 import random
@@ -92,3 +93,36 @@ def test_imitation_trains_on_imported_configs_and_logs_it(tmp_path):
     assert list(card["model_config"]["gpu_names"]) == sorted([GPU.name, *imported_gpus])
     assert card["metrics"]["train/imitation"] > 0
     assert card["data"]["train"]["problems"] == 6  # the measured samples are what they were
+
+
+def test_the_weight_average_is_what_validates_and_ships(tmp_path):
+    from training.module import PolicyModule
+    from training.pretrain import ema_decay_flag
+
+    module = PolicyModule(ModelConfig(hidden=16, layers=1, gpu_names=(GPU.name,)), ema_decay=0.75)
+    optimised = {id(p) for group in module.configure_optimizers().param_groups for p in group["params"]}
+    assert optimised == {id(p) for p in module.model.parameters()}  # the average is never stepped
+    start = {k: v.clone() for k, v in module.model.state_dict().items()}
+    module.on_train_batch_end()  # the first update copies the weights
+    with torch.no_grad():
+        for p in module.model.parameters():
+            p.add_(1.0)
+    module.on_train_batch_end()
+    averaged = module.shipped.state_dict()
+    for name, p in module.model.named_parameters():
+        assert torch.allclose(averaged[name], start[name] + 0.25)  # 0.75 x old + 0.25 x new
+    assert module.shipped is not module.model and PolicyModule(module.model.cfg).shipped is not None
+    for bad in ("1", "1.5", "-0.1"):
+        with pytest.raises(Exception, match="below 1|at least 0"):
+            ema_decay_flag(bad)
+
+    _fake_db(tmp_path / "m.sqlite")
+    args = PretrainArgs(db=str(tmp_path / "m.sqlite"), epochs=2, batch_size=3, hidden=16, layers=1,
+                        out=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "runs"), seed=0, wandb=False)
+    plain = run(args)["metrics"]
+    averaged_run = run(dataclasses.replace(args, ema_decay=0.9, out=str(tmp_path / "ema")))["metrics"]
+    assert averaged_run["train/loss"] == pytest.approx(plain["train/loss"])  # training itself is unchanged
+    assert averaged_run["val/loss"] != pytest.approx(plain["val/loss"])  # val reads the average
+    raw = torch.load(tmp_path / "ckpt" / "pretrained.pt", weights_only=True)["state_dict"]
+    ema = torch.load(tmp_path / "ema" / "pretrained.pt", weights_only=True)["state_dict"]
+    assert raw.keys() == ema.keys() and any(not torch.equal(raw[k], ema[k]) for k in raw)

@@ -33,6 +33,14 @@ def cost_model_flag(text: str) -> int:
     return value
 
 
+def ema_decay_flag(text: str) -> float:
+    """--ema-decay: 0 (no average) or a decay below 1."""
+    value = at_least(0, float)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be below 1 (0: no average), got {text}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class PretrainArgs:
     """Pretrain the policy on the measurement database (train families + random-train; val families + random-val)."""
@@ -68,6 +76,9 @@ class PretrainArgs:
     named_weight: float = flag(0.25, "weight of the rows of the named lists in the targets and losses: they "
                                      "are measured on every problem (1: as any row)", check=positive)
     temperature: float = flag(0.1, "listwise target temperature on log(TFLOP/s / best)", check=positive)
+    ema_decay: float = flag(0.0, "decay of an exponential moving average of the weights, validated and "
+                                 "written in their place (0: none; 0.999 averages over about 1,000 steps)",
+                            check=ema_decay_flag)
     seed: int = flag(0, "seed of weights, shuffling and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for pretrained.pt and pretrained.card.json")
     log_dir: str = flag("runs/pretrain", "folder for the CSV metrics and the offline W&B run")
@@ -114,7 +125,7 @@ def run(args: PretrainArgs) -> dict | None:
                                  named_weight=args.named_weight)
     module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature,
                           regression_weight=args.regression_weight, cost_listwise_weight=args.cost_listwise,
-                          imitation_weight=args.imitation_weight)
+                          imitation_weight=args.imitation_weight, ema_decay=args.ema_decay)
     trainer = pl.Trainer(
         max_epochs=args.epochs, max_time={"minutes": args.max_minutes}, **trainer_options(args.devices),
         logger=loggers(Path(args.log_dir), job_type="pretrain", group=args.group, tags=args.tags,
@@ -125,7 +136,7 @@ def run(args: PretrainArgs) -> dict | None:
     if not trainer.is_global_zero:
         return None
     out = Path(args.out)
-    save_checkpoint(module.model, out / "pretrained.pt")
+    save_checkpoint(module.shipped, out / "pretrained.pt")
     card = {
         "checkpoint": "pretrained.pt", "job": "pretrain", "args": dataclasses.asdict(args),
         "model_config": dataclasses.asdict(model_config), "gpus": list(args.gpus),
