@@ -148,3 +148,48 @@ def test_shape_features_see_alignment_and_layout():
     assert f_odd["b_lead_mod8"] == 0.0 and f_aligned["b_lead_mod8"] == 1.0  # B row-major: N is its leading dim
     assert f_odd["b_col"] == 0.0 and f_aligned["b_col"] == 1.0
     assert f_odd["log_n"] == pytest.approx(math.log(465))
+
+
+class _Policy:
+    """Stands in for a Policy: a fixed context, and a count of the times it was asked."""
+
+    def __init__(self, context):
+        self.asked, self._context = 0, context
+
+    def context(self, problem, gpu):
+        self.asked += 1
+        return self._context
+
+
+def test_displayed_figures_read_the_policy_context_only_where_the_fit_has_a_level():
+    from gnn_policy.calibration_level import displayed
+
+    p = GemmProblem(4736, 465, 3072)
+    roof, bound = cal.roofline_tflops(p, H200, floor=False), cal.roofline_tflops(p, H200)
+    policy = _Policy([1.0, -2.0])
+    weights = tuple([0.0] * len(SHAPE_FIELDS) + [0.5, 0.25])  # level 0.5 x 1 + 0.25 x -2 = 0 ...
+    fits = {H200.name: cal.Calibration(H200.name, -1.0, 1.0, weights)}
+    assert displayed(10.0, p, H200, fits, policy) == (pytest.approx(10.0 / math.e), True) and policy.asked == 1
+    policy = _Policy([3.0, 0.0])  # ... and here 1.5
+    assert displayed(10.0, p, H200, fits, policy)[0] == pytest.approx(min(bound, roof, 10.0 * math.exp(0.5)))
+    line_only = {H200.name: cal.Calibration(H200.name, -1.0, 1.0)}
+    assert displayed(10.0, p, H200, line_only, policy)[0] == pytest.approx(10.0 / math.e) and policy.asked == 1
+    assert displayed(1e9, p, H200, {}, policy) == (pytest.approx(bound), False) and policy.asked == 1
+
+
+def test_the_policy_context_is_its_encoding_and_is_cached_with_the_scores(ckpt):
+    import dataclasses
+
+    import torch
+
+    from gnn_policy.model import PolicyModel
+    from gnn_policy.policy import Policy
+
+    p = GemmProblem(64, 4096, 4096)
+    first = Policy.load(ckpt)  # the first checkpoints' model (cost_model 0): no scores to cache
+    torch.manual_seed(0)
+    bounded = Policy(PolicyModel(dataclasses.replace(first.model.cfg, cost_model=1)))
+    for policy in (first, bounded):
+        h, _ = policy.encode(p, H200)
+        assert policy.context(p, H200) == pytest.approx(h[0].tolist(), abs=1e-6)
+    assert bounded.scores(p, H200).context is bounded.scores(p, H200).context
