@@ -108,15 +108,13 @@ def _pickers(gpu, args: SweepArgs) -> list:
 
 def _dense_plan(db, gpu, problems: list[GemmProblem], args: SweepArgs, collect: CollectArgs) -> list[tuple]:
     """collect's plan, with the pickers' configs (`_pickers`) right after cuBLAS for every
-    problem still in progress: measured before the problem's plan is done, so never left out."""
+    problem: measured before the problem's plan is done, so never left out, and a picker
+    added to a finished sweep has its configs measured too (measured pairs are skipped)."""
     planned = plan(problems, gpu, collect)
     pickers = _pickers(gpu, args)
     if not pickers:
         return planned
-    done = db.measured(gpu.name)
     for p, configs in planned:
-        if all((p.key, c.key if c else CUBLAS) in done for c in configs):
-            continue
         first = 1 if configs and configs[0] is None else 0
         picked = dict.fromkeys(c for pick in pickers for c in pick(p) if c not in configs)
         configs[first:first] = list(picked)

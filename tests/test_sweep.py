@@ -1,4 +1,6 @@
 """gnn-policy sweep with fake runners: dense, refined to a local optimum, confirmed, resumed."""
+import dataclasses
+
 import hardware_specs
 from gnn_policy.baselines import ANALYTIC, analytic_pick, default_pick, fits
 from gnn_policy.collect import select_problems
@@ -48,3 +50,12 @@ def test_sweep_measures_densely_refines_to_a_local_optimum_confirms_and_resumes(
         assert refinement(db, H200, problems, space("full"), 2) == []
     again = run(args)
     assert again["complete"] and again.get("measured", 0) == 0 and "confirm_problems_done" not in again
+    # a policy added to a finished sweep gets its picks measured on every problem, finished ones too
+    added = "checkpoints/pretrained-family.pt"
+    more = run(dataclasses.replace(args, policy=(*args.policy, added)))
+    family = Policy.load(added)
+    with Database(args.db) as db:
+        for p in problems:
+            figures = db.tflops("H200-SXM-141GB", p.key)
+            assert all(pick.config.key in figures for pick in family.top_k(p, H200, 4))
+    assert more["measured"] > 0
