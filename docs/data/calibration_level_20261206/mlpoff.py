@@ -1,6 +1,7 @@
 import torch, statistics, math
 from graphs.classes import ROLES
-exec(open('/tmp/fitoff.py').read().split("y=torch.tensor")[0])
+import pathlib
+exec((pathlib.Path(__file__).parent / 'fitoff.py').read_text().split("y=torch.tensor")[0])
 torch.manual_seed(0)
 y=torch.tensor([target(d) for d in train],dtype=torch.float32)
 for kind in ('f','hf'):
