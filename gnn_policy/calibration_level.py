@@ -82,7 +82,8 @@ def fit_level(rows: Sequence[dict], ridge: float = RIDGE) -> tuple[dict[str, tup
     return lines, tuple(float(v) for v in w)
 
 
-def displayed(predicted_tflops: float, problem: GemmProblem, gpu: GpuSpec, calibrations: dict, policy) -> tuple[float, bool]:
+def displayed(predicted_tflops: float, problem: GemmProblem, gpu: GpuSpec, calibrations: dict,
+              policy) -> tuple[float, bool]:
     """`calibration.calibrated` with the level features the GPU's fit reads, the context from
     `policy` (the checkpoint the calibration was fitted for)."""
     fitted = calibrations.get(gpu.name)

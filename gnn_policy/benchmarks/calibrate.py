@@ -69,13 +69,14 @@ def report(rows: list[dict]) -> dict:
             raise SystemExit(f"need rows of the training role ({', '.join(ROLES['train'])}) and of a held-out split "
                              f"({', '.join(ROLES['val'] + ROLES['test'])}) on {gpu}; got {len(mine)} and {len(held)}")
     lines, level = fit_level(train)
-    out = {"level": {"fields": list(SHAPE_FIELDS) + ["context"], "ridge": RIDGE, "weights": [round(w, 6) for w in level]},
-           "gpus": {}}
+    weights = tuple(round(w, 6) for w in level)
+    out = {"level": {"fields": list(SHAPE_FIELDS) + ["context"], "ridge": RIDGE, "weights": list(weights)}, "gpus": {}}
     for gpu, (intercept, slope) in lines.items():
         mine = [r for r in rows if r["gpu"] == gpu]
         own = [r for r in mine if r["split"] in ROLES["train"]]
-        line = Calibration(gpu, *fit([r["predicted"] for r in own], [r["measured"] for r in own], [r["roof"] for r in own]))
-        cal = Calibration(gpu, intercept, slope, tuple(round(w, 6) for w in level))
+        line = Calibration(gpu, *fit([r["predicted"] for r in own], [r["measured"] for r in own],
+                                     [r["roof"] for r in own]))
+        cal = Calibration(gpu, intercept, slope, weights)
 
         def figures(part: list[dict]) -> dict:
             measured = [r["measured"] for r in part]
