@@ -88,8 +88,7 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
 
 def gemms(args: ExportArgs) -> tuple[list[tuple[int | None, str, GemmProblem]], list[dict], Any]:
     """([(tokens, layer, problem)], skipped, model spec or None) of the flags' model or shapes."""
-    from graphs.model_config import load_config
-    from gnn_policy.model_tune import DEFAULT_TOKENS, is_config, model_rows, parse_tokens
+    from gnn_policy.model_tune import DEFAULT_TOKENS, model_rows, parse_tokens
 
     if bool(args.model) == bool(args.shapes):
         raise ExportError("give --model or --shapes, one of them")
@@ -98,9 +97,8 @@ def gemms(args: ExportArgs) -> tuple[list[tuple[int | None, str, GemmProblem]], 
         return [(t, f"{n}x{k}", GemmProblem(t, n, k, dtype=args.dtype, b_layout="col"))
                 for t in tokens for n, k in _parse_shapes(args.shapes)], [], None
     model = model_rows(args.model, args.tokens, args.dtype)
-    spec = load_config(args.model) if is_config(args.model) else None
     return ([(r["tokens"], ", ".join(r["layers"]), r["problem"]) for r in model.rows],
-            [{"what": w, "why": y} for w, y in model.skipped], spec)
+            [{"what": w, "why": y} for w, y in model.skipped], model.config)
 
 
 def picker(args: ExportArgs, gpu: Any) -> Callable[[GemmProblem, int, str], list[TileConfig]]:

@@ -88,9 +88,7 @@ def model_gemm_list(spec: str, tokens: Sequence[int] | None, dtype: str) -> tupl
     """(model name, [(tokens, layer, problem, calls per forward)], [(what, why) skipped]) of a SPEC."""
     if is_config(spec):
         model = load_config(spec)
-        calls = [(t, g.layer, g.problem, g.count) for t in (tokens or DEFAULT_TOKENS)
-                 for g in model_gemms(model, t, dtype)]
-        return model.name, calls, skipped(model)
+        return model.name, _config_calls(model, tokens, dtype), skipped(model)
     call = _function(spec)
     if "tokens" not in inspect.signature(call).parameters:
         if tokens:
@@ -104,6 +102,10 @@ def model_gemm_list(spec: str, tokens: Sequence[int] | None, dtype: str) -> tupl
         calls += found
         left_out += [s for s in more if s not in left_out]
     return spec, calls, left_out
+
+
+def _config_calls(model: Any, tokens: Sequence[int] | None, dtype: str) -> list[tuple[int, str, GemmProblem, int]]:
+    return [(t, g.layer, g.problem, g.count) for t in (tokens or DEFAULT_TOKENS) for g in model_gemms(model, t, dtype)]
 
 
 def distinct_rows(calls: list[tuple[int | None, str, GemmProblem, int]]) -> list[dict]:
@@ -125,16 +127,19 @@ class ModelRows:
     rows: list[dict]  # `distinct_rows`: tokens, layers, calls, problem
     skipped: list[tuple[str, str]]
     source: Path  # the config.json or Python file that defines the model: what a run's record digests
+    config: Any = None  # the parsed config.json (graphs.model_config.ModelSpec); None for module:function
 
 
 def model_rows(spec: str, tokens: str, dtype: str) -> ModelRows:
     """A SPEC's distinct GEMMs per token count (`tokens` as --tokens gives it; empty: DEFAULT_TOKENS)."""
-    name, calls, left_out = model_gemm_list(spec, parse_tokens(tokens) if tokens else None, dtype)
+    counts = parse_tokens(tokens) if tokens else None
     if is_config(spec):
-        source = config_path(spec)
-    else:  # model_gemm_list imported it, so a module is in sys.modules by now
-        where = spec.rpartition(":")[0]
-        source = Path(where) if where.endswith(".py") else Path(sys.modules[where].__file__)
+        config = load_config(spec)
+        return ModelRows(config.name, distinct_rows(_config_calls(config, counts, dtype)), skipped(config),
+                         config_path(spec), config)
+    name, calls, left_out = model_gemm_list(spec, counts, dtype)
+    where = spec.rpartition(":")[0]  # model_gemm_list imported it, so a module is in sys.modules by now
+    source = Path(where) if where.endswith(".py") else Path(sys.modules[where].__file__)
     return ModelRows(name, distinct_rows(calls), left_out, source)
 
 
