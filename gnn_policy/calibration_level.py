@@ -82,10 +82,11 @@ def fit_level(rows: Sequence[dict], ridge: float = RIDGE) -> tuple[dict[str, tup
     return lines, tuple(float(v) for v in w)
 
 
-def displayed(predicted_tflops: float, problem: GemmProblem, gpu: GpuSpec, calibrations: dict,
-              policy) -> tuple[float, bool]:
-    """`calibration.calibrated` with the level features the GPU's fit reads, the context from
-    `policy` (the checkpoint the calibration was fitted for)."""
+def displayed(predictions: Sequence[float], problem: GemmProblem, gpu: GpuSpec, calibrations: dict,
+              policy) -> list[tuple[float, bool]]:
+    """`calibration.calibrated` of each predicted TFLOP/s of one problem, with the level features
+    the GPU's fit reads (built once), the context from `policy` (the checkpoint the calibration
+    was fitted for)."""
     fitted = calibrations.get(gpu.name)
     features = level_features(problem, gpu, policy.context(problem, gpu)) if fitted and fitted.level else ()
-    return calibrated(predicted_tflops, problem, gpu, calibrations, features)
+    return [calibrated(p, problem, gpu, calibrations, features) for p in predictions]

@@ -182,7 +182,7 @@ def run(args: Any) -> dict:
     for row in rows:
         problem = row.pop("problem")
         pick = policy.top_k(problem, gpu, 1)[0]
-        tflops, fitted = displayed(pick.predicted_tflops, problem, gpu, fits, policy)
+        tflops, fitted = displayed([pick.predicted_tflops], problem, gpu, fits, policy)[0]
         row.update(shape=shape(problem), problem=problem.key, layouts=f"{problem.a_layout}/{problem.b_layout}",
                    epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=round(tflops, 1))
     out = {"model": model.name, "gpu": gpu.name, "checkpoint": str(checkpoint), "calibrated": fitted,

@@ -71,7 +71,7 @@ def run(args: TuneArgs) -> dict:
     elapsed_ms = round(1e3 * (time.perf_counter() - start), 2)
     # a displayed figure is a calibrated one, never above the roofline
     fits = calibration.load(args.checkpoint or DEFAULT_CHECKPOINT)
-    shown = [displayed(p.predicted_tflops, problem, gpu, fits, policy) for p in picks]
+    shown = displayed([p.predicted_tflops for p in picks], problem, gpu, fits, policy)
     out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": elapsed_ms,
            "roofline_tflops": round(calibration.roofline_tflops(problem, gpu), 1),
            "calibrated": bool(shown) and shown[0][1],

@@ -169,12 +169,12 @@ def test_displayed_figures_read_the_policy_context_only_where_the_fit_has_a_leve
     policy = _Policy([1.0, -2.0])
     weights = tuple([0.0] * len(SHAPE_FIELDS) + [0.5, 0.25])  # level 0.5 x 1 + 0.25 x -2 = 0 ...
     fits = {H200.name: cal.Calibration(H200.name, -1.0, 1.0, weights)}
-    assert displayed(10.0, p, H200, fits, policy) == (pytest.approx(10.0 / math.e), True) and policy.asked == 1
+    assert displayed([10.0], p, H200, fits, policy)[0] == (pytest.approx(10.0 / math.e), True) and policy.asked == 1
     policy = _Policy([3.0, 0.0])  # ... and here 1.5
-    assert displayed(10.0, p, H200, fits, policy)[0] == pytest.approx(min(bound, roof, 10.0 * math.exp(0.5)))
+    assert displayed([10.0], p, H200, fits, policy)[0][0] == pytest.approx(min(bound, roof, 10.0 * math.exp(0.5)))
     line_only = {H200.name: cal.Calibration(H200.name, -1.0, 1.0)}
-    assert displayed(10.0, p, H200, line_only, policy)[0] == pytest.approx(10.0 / math.e) and policy.asked == 1
-    assert displayed(1e9, p, H200, {}, policy) == (pytest.approx(bound), False) and policy.asked == 1
+    assert displayed([10.0], p, H200, line_only, policy)[0][0] == pytest.approx(10.0 / math.e) and policy.asked == 1
+    assert displayed([1e9], p, H200, {}, policy)[0] == (pytest.approx(bound), False) and policy.asked == 1
 
 
 def test_the_policy_context_is_its_encoding_and_is_cached_with_the_scores(ckpt):
