@@ -193,7 +193,8 @@ def run(args: FinetuneArgs) -> dict:
 
     spec = hardware_specs.load(args.gpu)
     # a bad SPEC fails before anything is written
-    model = expand(args.model, args.tokens, args.dtype or "bf16") if args.model else None
+    dtype = args.dtype or "bf16"  # of --model's GEMMs, as tune --model's default
+    model = expand(args.model, args.tokens, dtype) if args.model else None
     split = args.split or ("" if model else "train")
     budget = Budget.parse(args.budget)
     if args.replay and (args.simulate or args.snapshot):
@@ -216,7 +217,7 @@ def run(args: FinetuneArgs) -> dict:
                                           "lr", "calibration_steps", "calibration_lr", "guard", "snapshot",
                                           "analytic", "replay", "model", "tokens")} | \
         {"split": split, "model_digest": model.digest if model else "", "adapt": ADAPT_VERSION,
-         "start_digest": file_digest(start_path)} | ({"dtype": args.dtype or "bf16"} if model else {})
+         "start_digest": file_digest(start_path)} | ({"dtype": dtype} if model else {})
     torch.manual_seed(args.seed)
     norms: dict[str, list[float]] = {}
     with Database(args.db) as db, measurer(db, spec, args, source) as measure:
