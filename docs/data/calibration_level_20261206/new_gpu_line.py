@@ -4,7 +4,7 @@ data=torch.load('/tmp/offset_family.pt')
 def rows(ds, feats=True):
     out=[]
     for d in ds:
-        lr=d['f'][-3]  # log roof without floor
+        lr=d['f'][-3]  # log of the bound with the launch floor: the base of the line here
         for p,m in d['rows']: out.append((p-lr, m-lr, d['f']+d['h'], lr, d['bound'], m))
     return out
 def err(rs, a, s, w=None, mu=None, sd=None):
