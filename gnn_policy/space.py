@@ -16,10 +16,11 @@ from typing import Any, Iterator
 from hardware_specs import GpuSpec
 
 # ptr: pointer loads; tma: TMA loads, one program per tile; persistent: TMA loads, about one
-# program per SM looping over tiles; warpspec: persistent with Triton's warp specialisation.
-VARIANTS = ("ptr", "tma", "persistent", "warpspec")
-TMA_VARIANTS = ("tma", "persistent", "warpspec")  # need the GPU's TMA and 16-byte aligned strides
-PERSISTENT_VARIANTS = ("persistent", "warpspec")
+# program per SM looping over tiles; warpspec: persistent with Triton's warp specialisation;
+# subtile: persistent, C stored by TMA in two halves (half the staging room, so more stages fit).
+VARIANTS = ("ptr", "tma", "persistent", "warpspec", "subtile")
+TMA_VARIANTS = ("tma", "persistent", "warpspec", "subtile")  # need the GPU's TMA and 16-byte aligned strides
+PERSISTENT_VARIANTS = ("persistent", "warpspec", "subtile")
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 # The accumulator lives in registers: past this many fp32 values per thread ptxas spills.
 # Measured on the H200 (triton 3.6, bf16): every config with more spilled, none with fewer.
@@ -236,7 +237,8 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
         # Besides the pipeline: the output tile staged for the TMA store (kept apart, since
         # the next tile's loads are in flight meanwhile), the fp32 split-K partial staged for
         # its store, and the barriers.
-        extra = tile * DTYPE_BYTES[dtype] * (config.variant == "persistent") + tile * 4 * (config.split_k > 1) + 1024
+        staged = {"persistent": tile, "subtile": tile // 2}.get(config.variant, 0) * DTYPE_BYTES[dtype]
+        extra = staged + tile * 4 * (config.split_k > 1) + 1024
         if pipeline <= gpu.smem_per_block_bytes < pipeline + extra:
             out.append(Violation("smem", f"needs {pipeline + extra} bytes of shared memory per block "
                                  f"(pipeline {pipeline}, epilogue {extra}), {gpu.name} allows "

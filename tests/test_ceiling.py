@@ -1,4 +1,5 @@
 """The ceiling benchmark's plan and loop, run with the fake runner (no GPU)."""
+import dataclasses
 import json
 
 import pytest
@@ -44,6 +45,10 @@ def test_neighbours_move_one_knob_one_step_and_keep_the_variant():
         diffs = [f for f in ("block_m", "block_n", "block_k", "split_k", "group_m", "num_warps", "num_stages")
                  if getattr(n, f) != getattr(config, f)]
         assert len(diffs) == 1
+    crossed = ceiling.neighbours(config, ("tma", "persistent", "subtile"))
+    assert crossed[:len(near)] == near
+    assert [(c.variant, dataclasses.replace(c, variant=config.variant)) for c in crossed[len(near):]] == \
+        [("tma", config), ("subtile", config)]
 
 
 def test_run_sweeps_refines_confirms_and_reports(tmp_path, capsys):

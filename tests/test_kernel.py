@@ -37,6 +37,10 @@ CASES = [
      T(32, 16, 16, 2, 4, 4, 2, "persistent")),
     (P(65, 40, 64, dtype="fp16", b_layout="col", residual=True), T(64, 32, 32, 1, 8, 4, 3, "warpspec")),
     (P(33, 48, 104, batch=3, dtype="fp16", activation="gelu"), T(64, 16, 32, 1, 1, 4, 2, "warpspec")),
+    # C in two TMA-stored halves: batches folded into the store's rows, and after a split-K sum
+    (P(64, 96, 80, batch=2, dtype="fp16", bias=True, activation="relu", residual=True),
+     T(32, 32, 16, 1, 4, 4, 3, "subtile")),
+    (P(70, 64, 48, dtype="fp32", b_layout="col"), T(16, 64, 16, 2, 8, 2, 2, "subtile")),
 ]
 
 

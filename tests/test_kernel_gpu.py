@@ -80,11 +80,12 @@ def test_random_cases_are_correct_or_rejected_up_front():
     _check_cases(_random_cases(CASES, hardware_specs.detect()), os.environ.get("GNN_POLICY_GPU_REPORT"))
 
 
-def test_persistent_variant_is_correct_or_rejected_up_front():
+@pytest.mark.parametrize("variant,seed", [("persistent", 99), ("subtile", 98)])
+def test_persistent_variant_is_correct_or_rejected_up_front(variant, seed):
     """`warpspec` is not here: its rules refuse it on Hopper, where it hangs."""
     report = os.environ.get("GNN_POLICY_GPU_REPORT")
-    _check_cases(_random_cases(VARIANT_CASES, hardware_specs.detect(), "persistent", seed=99),
-                 report and report.replace(".json", "_persistent.json"))
+    _check_cases(_random_cases(VARIANT_CASES, hardware_specs.detect(), variant, seed=seed),
+                 report and report.replace(".json", f"_{variant}.json"))
 
 
 def _refused(problem: GemmProblem, config: TileConfig, gpu) -> bool:
@@ -143,7 +144,8 @@ def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None
 
 @pytest.mark.parametrize("config", [TileConfig(16, 64, 128, 16, 8, 4, 4, "tma"),
                                     TileConfig(16, 64, 128, 16, 8, 4, 4, "persistent"),
-                                    TileConfig(64, 64, 128, 8, 8, 4, 3, "persistent")])
+                                    TileConfig(64, 64, 128, 8, 8, 4, 3, "persistent"),
+                                    TileConfig(64, 64, 128, 4, 8, 4, 3, "subtile")])
 def test_split_k_is_deterministic(config):
     problem = GemmProblem(16, 4096, 4096, dtype="bf16")
     args = make_inputs(problem, "cuda", seed=7)
@@ -172,7 +174,7 @@ def test_bf16_epilogues_match_torch():
         problem = GemmProblem(200, 1000, 1000, dtype="bf16", bias=True, activation=activation,
                               residual=True)
         args = make_inputs(problem, "cuda", seed=3)
-        for variant in ("ptr", "tma", "persistent"):
+        for variant in ("ptr", "tma", "persistent", "subtile"):
             config = TileConfig(64, 64, 64, 2, 8, 4, 3, variant)
             try:
                 out = matmul(**args, config=config)

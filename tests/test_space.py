@@ -135,6 +135,15 @@ def test_warpspec_rules_from_compiling_for_sm90():
     assert not _rules(TileConfig(128, 64, 32, num_warps=4, num_stages=3, variant="persistent"), dtype="fp32")
 
 
+def test_subtile_stages_half_the_output_tile():
+    """Compiled for sm_90: a 128x256 bf16 tile's store stages 64 KB whole and 32 KB in halves, so
+    four 48 KB pipeline stages fit the H200's 227 KB only when the tile is stored in halves."""
+    deep = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+    assert "smem" in _rules(TileConfig(**deep, variant="persistent"))
+    assert not _rules(TileConfig(**deep, variant="subtile"))
+    assert not _rules(TileConfig(**dict(deep, num_stages=3), variant="persistent"))
+
+
 def test_valid_counts_and_messages():
     assert 10_000 < len(space("full").valid(H200, "bf16")) < len(space("full"))
     message = str(violations(TileConfig(256, 256, 256, num_warps=8, num_stages=6), H200, "bf16")[0])

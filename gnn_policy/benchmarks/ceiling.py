@@ -5,8 +5,8 @@ every variant, found by a sweep and a one-knob refinement, then re-timed interle
    shape (so shapes of one Triton specialisation share their compiles), split-K groups taken
    in turn; cuBLAS once per shape.
 2. Refine: around the best `--refine-top` configs of each (shape, variant), every one-knob
-   neighbour (one knob moved one step, the variant kept) that is valid and unmeasured, round
-   after round until no (shape, variant) improves.
+   neighbour (one knob moved one step, or the same tiles in another swept variant) that is
+   valid and unmeasured, round after round until no (shape, variant) improves.
 3. Confirm: the best `--confirm-top` configs of each variant and cuBLAS, `--rounds` times
    each in a shuffled order; a figure is then the median of all its timings.
 
@@ -18,6 +18,7 @@ Anywhere, from the database or the shipped shards: add `--report` (with `--markd
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import math
 import random
@@ -89,8 +90,9 @@ def _order(variant: str, gpu, dtype: str, seed: int) -> list[TileConfig]:
     return _ORDERS[key]
 
 
-def neighbours(config: TileConfig) -> list[TileConfig]:
-    """Every config one knob-step away, the variant kept."""
+def neighbours(config: TileConfig, variants: tuple[str, ...] = ()) -> list[TileConfig]:
+    """Every config one knob-step away, and the same tiles in each of `variants`: a variant
+    whose own sweep missed a tile that wins for another is measured on it too."""
     sp = space("hopper")
     index = sp.index(config)
     out = []
@@ -100,7 +102,7 @@ def neighbours(config: TileConfig) -> list[TileConfig]:
         for step in (-1, 1):
             if 0 <= index[j] + step < len(values):
                 out.append(sp.at(tuple(i + step if n == j else i for n, i in enumerate(index))))
-    return out
+    return out + [dataclasses.replace(config, variant=v) for v in variants if v != config.variant]
 
 
 def best_by_variant(figures: dict[str, float]) -> dict[str, tuple[str, float]]:
@@ -181,7 +183,7 @@ class _Run:
                 measured = {k for _, k in self.db.measured(self.gpu.name, problem=p.key)}
                 for v in variants:
                     mine = sorted((k for k in figures if k.endswith("_" + v)), key=figures.get, reverse=True)
-                    near = {n for k in mine[:self.args.refine_top] for n in neighbours(TileConfig.from_key(k))}
+                    near = {n for k in mine[:self.args.refine_top] for n in neighbours(TileConfig.from_key(k), variants)}
                     new = sorted(c for c in near if c.key not in measured and _fits(c, p)
                                  and not violations(c, self.gpu, p.dtype, p.k))
                     if new:

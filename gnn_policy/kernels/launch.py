@@ -122,7 +122,8 @@ def _output_descriptor(c3: torch.Tensor, config: TileConfig) -> tuple[TensorDesc
         return None, 0
     if batch > 1 and m % config.block_m:
         return None, 0
-    desc = TensorDescriptor(c3, [batch * m, n], [n, 1], [config.block_m, config.block_n])
+    box_n = config.block_n // 2 if config.variant == "subtile" else config.block_n
+    desc = TensorDescriptor(c3, [batch * m, n], [n, 1], [config.block_m, box_n])
     return desc, m
 
 
@@ -183,7 +184,8 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
     meta = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                 SPLIT_K=config.split_k, GROUP_M=config.group_m, ACTIVATION=ACTIVATIONS[activation],
                 HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-                TMA_STORE=c_desc is not None, DOT_PRECISION=_dot_precision(a),
+                TMA_STORE=0 if c_desc is None else 2 if config.variant == "subtile" else 1,
+                DOT_PRECISION=_dot_precision(a),
                 num_warps=config.num_warps, num_stages=config.num_stages)
     descs = (t.pop("a_desc"), t.pop("b_desc"))
     rows = (t.pop("a_rows"), t.pop("b_rows"), c_rows)

@@ -61,8 +61,17 @@ def _epilogue(acc, pid_m, pid_n, M, N, c_ptr, c_desc, c_row0, stride_cm, stride_
         res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn,
                       mask=mask, other=0.0)
         acc = acc + res.to(tl.float32)
-    if TMA_STORE:  # the descriptor clips at M and N; rows stay inside one batch (see launch)
+    # TMA_STORE: 0 pointer stores, 1 the tile in one TMA store, 2 in two halves along N. The
+    # descriptor clips at M and N; rows stay inside one batch (see launch).
+    if TMA_STORE == 1:
         c_desc.store([c_row0 + pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+    elif TMA_STORE == 2:
+        # Half-tile stores stage half the tile in shared memory, which a persistent program
+        # keeps apart from its pipeline: the room goes to a deeper pipeline.
+        halves = tl.permute(tl.reshape(acc.to(c_desc.dtype), (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        c_desc.store([c_row0 + pid_m * BLOCK_M, pid_n * BLOCK_N], left)
+        c_desc.store([c_row0 + pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], right)
     else:
         c = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask)

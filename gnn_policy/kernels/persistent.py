@@ -7,8 +7,11 @@ epilogue while its tensor cores idle. A persistent program keeps its pipeline ac
 Triton flattens the tile loop and the K loop into one software-pipelined loop on Hopper, so
 the next tile's loads are in flight while this tile's epilogue runs.
 
-Two variants share this kernel:
+Three variants share this kernel:
 * `persistent`: the flattened, pipelined loop.
+* `subtile`: the same loop storing C by TMA in two halves along N. The staged output is kept
+  apart from the pipeline's buffers (so the store overlaps the next tile's loads); halving it
+  frees room for another stage, e.g. a fourth 48 KB stage beside a 128x256 bf16 tile.
 * `warpspec`: the tile loop with Triton's automatic warp specialisation on Hopper
   (`tl.range(..., warp_specialize=True)`): a 4-warp kernel becomes a producer warp group that
   issues the TMA loads and two consumer warp groups that split the tile's rows, run the MMAs
