@@ -166,8 +166,9 @@ def test_the_cli_writes_the_plain_comparator_beside_the_meta_checkpoint(tmp_path
                                 random_problems=1, configs=4, val_problems=2, random_val_problems=1, epochs=1,
                                 steps_per_epoch=1, inner_steps=1, batch_size=2, hidden=8, layers=1,
                                 imitation_weight=0, out=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "runs"),
-                                wandb=False, plain=True))
+                                wandb=False, plain=True, floored_bound=True))
     assert card["checkpoint"] == "plain.pt" and card["algorithm"]["name"] == "plain multi-task"
+    assert Policy.load(tmp_path / "ckpt" / "plain.pt").model.cfg.floored_bound  # as pretrained.pt's
     assert card["tasks"][0]["problems"] == 3 and card["validation"]["query_problems"] == 3  # suite + random
     assert card["algorithm"]["epsilon"] == card["algorithm"]["epsilon_end"] == 1.0
     assert Policy.load(tmp_path / "ckpt" / "plain.pt") and (tmp_path / "ckpt" / "plain.card.json").exists()

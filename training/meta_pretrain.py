@@ -85,6 +85,8 @@ class MetaPretrainArgs:
     cost_model: int = flag(1, "1: roofline-bounded cost head reading the analytic features, as pretrained.pt; "
                               "0: the first checkpoints' unbounded head (meta-cost0.pt, plain-cost0.pt)",
                            check=cost_model_flag)
+    floored_bound: bool = flag(False, "the cost head's bound and roofline feature include the launch floor, as "
+                                      "pretrained.pt's (needs --cost-model 1)")
     cost_listwise: float = flag(3.0, "weight of the cost head's listwise loss, as `gnn-policy pretrain`'s",
                                 check=at_least(0, float))
     named_weight: float = flag(0.25, "weight of the named lists' rows in real tasks, as `gnn-policy pretrain`'s",
@@ -128,7 +130,7 @@ def run(args: MetaPretrainArgs) -> dict | None:
     tasks, held, space_, fitted_on = _tasks(args)
     data_seconds = time.time() - start
     model_config = ModelConfig(hidden=args.hidden, layers=args.layers, gpu_names=tuple(t.gpu for t in tasks),
-                               geometry=args.geometry, cost_model=args.cost_model)
+                               geometry=args.geometry, cost_model=args.cost_model, floored_bound=args.floored_bound)
     # θ + 1·(θ' − θ) = θ': with one optimiser kept across tasks, that is ordinary training
     reptile = ReptileConfig(inner_steps=args.inner_steps, inner_lr=args.inner_lr,
                             epsilon=1.0 if args.plain else args.epsilon,
