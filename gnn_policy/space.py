@@ -17,10 +17,11 @@ from hardware_specs import GpuSpec
 
 # ptr: pointer loads; tma: TMA loads, one program per tile; persistent: TMA loads, about one
 # program per SM looping over tiles; warpspec: persistent with Triton's warp specialisation;
-# subtile: persistent, C stored by TMA in two halves (half the staging room, so more stages fit).
-VARIANTS = ("ptr", "tma", "persistent", "warpspec", "subtile")
-TMA_VARIANTS = ("tma", "persistent", "warpspec", "subtile")  # need the GPU's TMA and 16-byte aligned strides
-PERSISTENT_VARIANTS = ("persistent", "warpspec", "subtile")
+# subtile: persistent, C stored by TMA in two halves (half the staging room, so more stages fit);
+# streamk: about one program per SM, each given an equal run of the (tile, K tile) iterations.
+VARIANTS = ("ptr", "tma", "persistent", "warpspec", "subtile", "streamk")
+TMA_VARIANTS = ("tma", "persistent", "warpspec", "subtile", "streamk")  # need the GPU's TMA and 16-byte aligned strides
+PERSISTENT_VARIANTS = ("persistent", "warpspec", "subtile", "streamk")
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 # The accumulator lives in registers: past this many fp32 values per thread ptxas spills.
 # Measured on the H200 (triton 3.6, bf16): every config with more spilled, none with fewer.
@@ -231,13 +232,15 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
         if dtype == "fp32":
             out.append(Violation("warpspec", "warp specialisation runs fp16 and bf16 only; Triton 3.6 "
                                  "does not compile most fp32 warp-specialised dots"))
+    if config.variant == "streamk" and config.split_k > 1:
+        out.append(Violation("streamk", f"stream-K cuts K itself; SPLIT_K={config.split_k} must be 1"))
     if config.variant in PERSISTENT_VARIANTS:
         pipeline = config.smem_bytes(dtype)
         tile = config.block_m * config.block_n
         # Besides the pipeline: the output tile staged for the TMA store (kept apart, since
         # the next tile's loads are in flight meanwhile), the fp32 split-K partial staged for
         # its store, and the barriers.
-        staged = {"persistent": tile, "subtile": tile // 2}.get(config.variant, 0) * DTYPE_BYTES[dtype]
+        staged = {"persistent": tile, "subtile": tile // 2, "streamk": tile}.get(config.variant, 0) * DTYPE_BYTES[dtype]
         extra = staged + tile * 4 * (config.split_k > 1) + 1024
         if pipeline <= gpu.smem_per_block_bytes < pipeline + extra:
             out.append(Violation("smem", f"needs {pipeline + extra} bytes of shared memory per block "

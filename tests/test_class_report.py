@@ -50,7 +50,7 @@ def test_records_and_the_table_hold_the_fractions(tmp_path):
     assert all(math.isclose(r.best_over_cublas, 0.5) for r in recs)
     table = class_table(recs)
     all_row = next(line for line in table.splitlines() if line.startswith("| all "))
-    assert all_row == "| all | 2 | 100% | 0% | 0% | 0% | 0% | 0% | 0.50 (1/2) | 0.80 | 0.25 | - | 0.50 |"  # ptr, tma, persistent, warpspec, subtile, split-K
+    assert all_row == "| all | 2 | 100% | 0% | 0% | 0% | 0% | 0% | 0% | 0.50 (1/2) | 0.80 | 0.25 | - | 0.50 |"  # ptr, tma, persistent, warpspec, subtile, streamk, split-K
     for cls in set(classes(first)) | set(classes(second)):
         assert f"| {cls} |" in table
 

@@ -41,7 +41,30 @@ CASES = [
     (P(64, 96, 80, batch=2, dtype="fp16", bias=True, activation="relu", residual=True),
      T(32, 32, 16, 1, 4, 4, 3, "subtile")),
     (P(70, 64, 48, dtype="fp32", b_layout="col"), T(16, 64, 16, 2, 8, 2, 2, "subtile")),
+    # stream-K: 4 programs share 3 tiles x 5 K tiles x 2 batches, so tiles are cut between programs
+    (P(40, 24, 80, batch=3, dtype="fp16", a_layout="col", bias=True, activation="gelu", residual=True),
+     T(32, 32, 16, 1, 1, 4, 2, "streamk")),
+    (P(100, 48, 68, dtype="fp32", b_layout="col"), T(64, 16, 32, 1, 4, 2, 3, "streamk")),
 ]
+
+
+@pytest.mark.parametrize("programs", [1, 3, 7, 64])
+def test_streamk_cuts_tiles_anywhere_and_stays_correct(programs):
+    """Any grid cuts the 2 x 3 tiles x 9 K tiles into runs that start and end mid-tile, some
+    tiles in three parts or more (one program: nothing cut; 64: more programs than iterations)."""
+    from gnn_policy.kernels.persistent import streamk_split
+
+    problem = P(50, 40, 140, batch=2, dtype="fp32", bias=True, activation="silu")
+    config = T(32, 16, 16, 1, 4, 4, 2, "streamk")
+    args = make_inputs(problem, "cpu", seed=programs)
+    out = launch(args["a"], args["b"], config, bias=args["bias"], activation="silu", residual=None,
+                 programs=programs)
+    assert relative_error(out, reference(**args)) <= TOLERANCE[torch.float32]
+    used, per, parts = streamk_split(config, 50, 40, 140, 2, programs)
+    owners = [i // per for i in range(108)]  # iteration -> program, 12 tiles of 9 iterations
+    assert used == owners[-1] + 1 <= programs and per == -(-108 // min(programs, 108))
+    assert parts == max(len(set(owners[t * 9:(t + 1) * 9])) for t in range(12))
+    assert (parts > 2) == (programs == 64)
 
 
 def test_cases_cover_every_knob_value():

@@ -80,7 +80,7 @@ def test_random_cases_are_correct_or_rejected_up_front():
     _check_cases(_random_cases(CASES, hardware_specs.detect()), os.environ.get("GNN_POLICY_GPU_REPORT"))
 
 
-@pytest.mark.parametrize("variant,seed", [("persistent", 99), ("subtile", 98)])
+@pytest.mark.parametrize("variant,seed", [("persistent", 99), ("subtile", 98), ("streamk", 97)])
 def test_persistent_variant_is_correct_or_rejected_up_front(variant, seed):
     """`warpspec` is not here: its rules refuse it on Hopper, where it hangs."""
     report = os.environ.get("GNN_POLICY_GPU_REPORT")
@@ -145,7 +145,8 @@ def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None
 @pytest.mark.parametrize("config", [TileConfig(16, 64, 128, 16, 8, 4, 4, "tma"),
                                     TileConfig(16, 64, 128, 16, 8, 4, 4, "persistent"),
                                     TileConfig(64, 64, 128, 8, 8, 4, 3, "persistent"),
-                                    TileConfig(64, 64, 128, 4, 8, 4, 3, "subtile")])
+                                    TileConfig(64, 64, 128, 4, 8, 4, 3, "subtile"),
+                                    TileConfig(64, 64, 128, 1, 8, 4, 3, "streamk")])
 def test_split_k_is_deterministic(config):
     problem = GemmProblem(16, 4096, 4096, dtype="bf16")
     args = make_inputs(problem, "cuda", seed=7)
@@ -162,11 +163,11 @@ def test_persistent_grid_size_never_changes_the_result(programs):
     problem = GemmProblem(1000, 1000, 1000, batch=2, dtype="bf16", b_layout="col", bias=True,
                           activation="gelu")
     args = make_inputs(problem, "cuda", seed=5)
-    config = TileConfig(128, 64, 64, 2, 8, 4, 3, "persistent")
     ref = reference(**args)
-    out = launch(args["a"], args["b"], config, bias=args["bias"], activation="gelu", residual=None,
-                 programs=programs)
-    assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16]
+    for config in (TileConfig(128, 64, 64, 2, 8, 4, 3, "persistent"), TileConfig(128, 64, 64, 1, 8, 4, 3, "streamk")):
+        out = launch(args["a"], args["b"], config, bias=args["bias"], activation="gelu", residual=None,
+                     programs=programs)
+        assert relative_error(out, ref) <= TOLERANCE[torch.bfloat16], config.key
 
 
 def test_bf16_epilogues_match_torch():
@@ -174,8 +175,8 @@ def test_bf16_epilogues_match_torch():
         problem = GemmProblem(200, 1000, 1000, dtype="bf16", bias=True, activation=activation,
                               residual=True)
         args = make_inputs(problem, "cuda", seed=3)
-        for variant in ("ptr", "tma", "persistent", "subtile"):
-            config = TileConfig(64, 64, 64, 2, 8, 4, 3, variant)
+        for variant in ("ptr", "tma", "persistent", "subtile", "streamk"):
+            config = TileConfig(64, 64, 64, 1 if variant == "streamk" else 2, 8, 4, 3, variant)
             try:
                 out = matmul(**args, config=config)
             except InvalidConfigError as exc:  # 1000-wide bf16 rows are 16-byte aligned: never here

@@ -12,7 +12,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gnn_policy.kernels.matmul import ACTIVATIONS, even_k, grid, matmul_kernel, workspace_shape
-from gnn_policy.kernels.persistent import persistent_kernel, units
+from gnn_policy.kernels.persistent import persistent_kernel, streamk_kernel, streamk_split, units
 from gnn_policy.space import PERSISTENT_VARIANTS, TMA_VARIANTS, TileConfig, Violation
 
 TMA_ALIGN = 16  # bytes: base address and every non-innermost stride of a tensor map
@@ -170,7 +170,10 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
         t = _tma_args(config, pa, pb, k, batch)
     g = grid(config, m, n, batch)
     ws = lock = c
-    if config.split_k > 1 and compile_only:
+    if config.variant == "streamk":  # sized in `_run`, once the grid is known
+        ws = torch.empty(1, device=a.device, dtype=torch.float32)
+        lock = torch.empty(1, device=a.device, dtype=torch.int32)
+    elif config.split_k > 1 and compile_only:
         ws = torch.empty(1, device=a.device, dtype=torch.float32)
         lock = torch.empty(1, device=a.device, dtype=torch.int32)
     elif config.split_k > 1:
@@ -189,6 +192,10 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
                 num_warps=config.num_warps, num_stages=config.num_stages)
     descs = (t.pop("a_desc"), t.pop("b_desc"))
     rows = (t.pop("a_rows"), t.pop("b_rows"), c_rows)
+    if config.variant == "streamk":
+        args = (*descs, c3, c_desc, *epilogue, m, n, k, batch, 1, 1, 1, *c3.stride(), *rs, *rows)
+        meta.pop("SPLIT_K")
+        return streamk_kernel, c, (1,), args, dict(meta, **t)
     if config.variant in PERSISTENT_VARIANTS:
         args = (*descs, c3, c_desc, *epilogue, m, n, k, batch, 1, *c3.stride(), *rs, *rows)
         meta.update(WARP_SPECIALIZE=config.variant == "warpspec", **t)
@@ -227,19 +234,23 @@ def _resident(compiled: Any, device: torch.device) -> int:
     return max(1, min(by_smem, by_threads, by_regs))
 
 
+def _resident_of(kernel: Any, args: tuple, meta: dict, config: TileConfig, device: torch.device) -> int:
+    """Programs of this launch's compiled kernel one SM holds at once (1 off the GPU), cached."""
+    if device.type != "cuda":
+        return 1
+    key = (device, config, args[2].dtype, *sorted((k, str(v)) for k, v in meta.items()))
+    if key not in _RESIDENT:
+        _RESIDENT[key] = _resident(kernel.warmup(*args, grid=(1,), **meta), device)
+    return _RESIDENT[key]
+
+
 def _programs(kernel: Any, args: tuple, meta: dict, config: TileConfig, device: torch.device,
               programs: int | None) -> tuple:
     """The persistent grid: as many programs as the GPU (or slice) holds, at most one per unit."""
     m, n, batch = args[8], args[9], args[11]
     work = units(config, m, n, batch)
     if programs is None:
-        resident = 1
-        if device.type == "cuda":
-            key = (device, config, args[2].dtype, *sorted((k, str(v)) for k, v in meta.items()))
-            if key not in _RESIDENT:
-                _RESIDENT[key] = _resident(kernel.warmup(*args, grid=(1,), **meta), device)
-            resident = _RESIDENT[key]
-        programs = _sm_count(device) * resident
+        programs = _sm_count(device) * _resident_of(kernel, args, meta, config, device)
     args = list(args)
     args[_PROGRAMS_ARG] = max(1, min(programs, work))
     return tuple(args), (args[_PROGRAMS_ARG],)
@@ -265,7 +276,25 @@ def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.
 def _run(kernel, g, args, meta, config, device, programs):
     if kernel is persistent_kernel:
         args, g = _programs(kernel, args, meta, config, device, programs)
+    elif kernel is streamk_kernel:
+        args, g = _streamk_programs(kernel, args, meta, config, device, programs)
     kernel[g](*args, **meta)
+
+
+def _streamk_programs(kernel: Any, args: tuple, meta: dict, config: TileConfig, device: torch.device,
+                      programs: int | None) -> tuple:
+    """A stream-K launch's grid, iterations per program and its partials' workspace."""
+    m, n, k, batch = args[8:12]
+    if programs is None:
+        programs = _sm_count(device) * _resident_of(kernel, args, meta, config, device)
+    programs, per, parts = streamk_split(config, m, n, k, batch, programs)
+    args = list(args)
+    args[_PROGRAMS_ARG:_PROGRAMS_ARG + 3] = [programs, per, parts]
+    if parts > 1:
+        tiles = units(config, m, n, batch)
+        args[6] = torch.empty((tiles, parts, config.block_m, config.block_n), device=device, dtype=torch.float32)
+        args[7] = tile_counters(device, tiles)
+    return tuple(args), (programs,)
 
 
 def compile_kernel(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,

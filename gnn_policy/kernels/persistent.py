@@ -19,6 +19,11 @@ Three variants share this kernel:
   structure of cuBLAS's Hopper kernels. The consumers store C with pointer stores: a TMA
   store of the whole tile from a half-tile partition does not compile.
 
+`streamk_kernel` is the fourth, `streamk`: each program takes an equal run of the (tile, K tile)
+iterations, so a GEMM of fewer tiles than SMs (M of 100-300, N and K in the thousands) or a last
+partial wave keeps every SM busy. Triton does not flatten its tile loop (the epilogue's
+reduction is a loop of its own); the K loop inside is pipelined as in the other variants.
+
 Split-K is kept: a work unit is (batch, tile, K slice), and the reduction is the one of
 `matmul.py` (partials to a workspace, the last slice to arrive sums them in slice order), so
 the result is deterministic and no program ever waits on another (a grid larger than what
@@ -29,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gnn_policy.kernels.matmul import _finish, _tile_coords, _tma_k_loop
+from gnn_policy.kernels.matmul import _epilogue, _finish, _tile_coords, _tma_k_loop
 
 
 @triton.jit(do_not_specialize=["num_programs"])
@@ -75,3 +80,87 @@ def persistent_kernel(
 def units(config, m: int, n: int, batch: int) -> int:
     """Work units of a persistent launch: one per (batch, output tile, K slice)."""
     return triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k * batch
+
+
+@triton.jit(do_not_specialize=["num_programs", "per_program", "max_parts"])
+def streamk_kernel(
+        a_desc, b_desc, c_ptr, c_desc, bias_ptr, res_ptr, ws_ptr, lock_ptr,
+        M, N, K, batch, num_programs, per_program, max_parts,
+        stride_cb, stride_cm, stride_cn, stride_rb, stride_rm, stride_rn,
+        a_desc_rows, b_desc_rows, c_desc_rows,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
+        MASK_B_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, TMA_STORE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Stream-K: the (tile, K tile) iterations of every output tile, laid end to end, are cut into
+    one contiguous run of `per_program` iterations per program, so every SM gets the same work
+    whatever the tile count (a 2x36-tile GEMM on 132 SMs leaves none idle). A tile cut between
+    programs is summed like a split-K tile: each part writes its fp32 partial to slot
+    (program - first program of the tile) and the last part to arrive sums the slots in order."""
+    tiles_mn = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    program = tl.program_id(0)
+    # int64: tiles x K tiles passes 2^31 for small tiles of a large problem
+    # (any of M, N, batch equal to 1 arrives as a constant, which has no .to)
+    start = program.to(tl.int64) * per_program
+    end = tl.minimum(start + per_program, (start * 0 + batch) * tiles_mn * k_tiles)
+    for tile in tl.range((start // k_tiles).to(tl.int32), tl.cdiv(end, k_tiles).to(tl.int32), flatten=True):
+        pid_b = tile // tiles_mn
+        pid = tile % tiles_mn
+        pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        tile64 = start * 0 + tile  # (the interpreter's loop index is a Python int)
+        k_first = tl.maximum(start - tile64 * k_tiles, 0).to(tl.int32)
+        k_last = tl.minimum(end - tile64 * k_tiles, k_tiles).to(tl.int32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _tma_k_loop(a_desc, b_desc, acc, pid_b * a_desc_rows, pid_b * b_desc_rows, pid_m, pid_n,
+                          k_first, k_last, K, BLOCK_M, BLOCK_N, BLOCK_K, A_K_MAJOR, B_K_MAJOR,
+                          MASK_A_K, MASK_B_K, DOT_PRECISION)
+        first_part = (tile64 * k_tiles) // per_program
+        parts = (((tile64 + 1) * k_tiles - 1) // per_program - first_part + 1).to(tl.int32)
+        _finish_parts(acc, tile64, (program - first_part).to(tl.int32), parts, max_parts, pid_m, pid_n, M, N,
+                      c_ptr + pid_b * stride_cb, c_desc, pid_b * c_desc_rows, stride_cm, stride_cn, bias_ptr,
+                      res_ptr + pid_b * stride_rb, stride_rm, stride_rn, ws_ptr, lock_ptr, BLOCK_M, BLOCK_N,
+                      ACTIVATION, HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
+
+
+@triton.jit
+def _finish_parts(acc, tile, part, parts, max_parts, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm,
+                  stride_cn, bias_ptr, r_base, stride_rm, stride_rn, ws_ptr, lock_ptr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  HAS_RESIDUAL: tl.constexpr, TMA_STORE: tl.constexpr):
+    """`_finish` for a tile cut into a run-time number of parts (1: no reduction)."""
+    if parts == 1:
+        _epilogue(acc, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn, bias_ptr,
+                  r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS, HAS_RESIDUAL,
+                  TMA_STORE)
+    else:
+        offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        ws_tile = ws_ptr + tile * max_parts * (BLOCK_M * BLOCK_N)
+        tl.store(ws_tile + part * (BLOCK_M * BLOCK_N) + offs_tile, acc)
+        tl.debug_barrier()  # every thread's partial is written before the counter moves
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == parts - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(parts):  # in part order, whichever part arrived last: deterministic
+                total += tl.load(ws_tile + s * (BLOCK_M * BLOCK_N) + offs_tile, cache_modifier=".cg")
+            _epilogue(total, pid_m, pid_n, M, N, c_base, c_desc, c_row0, stride_cm, stride_cn, bias_ptr,
+                      r_base, stride_rm, stride_rn, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS, HAS_RESIDUAL,
+                      TMA_STORE)
+            tl.store(lock_ptr + tile, 0)  # left at 0 for the next launch, as `_finish` does
+
+
+def streamk_split(config, m: int, n: int, k: int, batch: int, programs: int) -> tuple[int, int, int]:
+    """(programs, iterations per program, most parts one tile is cut into) of a stream-K launch."""
+    k_tiles = triton.cdiv(k, config.block_k)
+    total = units(config, m, n, batch) * k_tiles
+    per = triton.cdiv(total, max(1, min(programs, total)))
+    programs = triton.cdiv(total, per)  # none left without work
+    tiles = total // k_tiles
+    parts = max((((t + 1) * k_tiles - 1) // per - (t * k_tiles) // per + 1) for t in _cut_tiles(tiles, k_tiles, per))
+    return programs, per, parts
+
+
+def _cut_tiles(tiles: int, k_tiles: int, per: int) -> list[int]:
+    """Tiles that hold a program boundary (their part counts are the only ones above 1), or tile 0."""
+    cut = {min(tiles - 1, (p * per) // k_tiles) for p in range(1, triton.cdiv(tiles * k_tiles, per))}
+    return sorted(cut) or [0]
