@@ -7,7 +7,7 @@ import pytest
 import hardware_specs
 from gnn_policy.benchmarks import ceiling
 from gnn_policy.database import Database
-from gnn_policy.space import space, violations
+from gnn_policy.space import named_list, space, violations
 
 H200 = hardware_specs.load("h200")
 
@@ -29,6 +29,17 @@ def test_sweep_configs_are_valid_for_the_problem_and_shared_across_shapes():
         assert ca[:50] == cb[:50]  # one order: shapes of one specialisation share compiles
         allowed = {c.split_k for c in space("hopper") if c.variant == variant and not violations(c, H200, "bf16")}
         assert {c.split_k for c in ca[:10]} == allowed  # split-K groups in turn
+
+
+def test_named_tiles_come_first_in_each_variant_without_repeats():
+    problem = ceiling.problems(1)[0][1]
+    plain = ceiling.sweep_configs(problem, "subtile", 50, H200, 0)
+    seeded = ceiling.sweep_configs(problem, "subtile", 50, H200, 0, ("triton_tutorial",))
+    named = [c for c in seeded if c not in plain]
+    assert named and seeded[:len(named)] == named and len(seeded) == len(set(seeded))
+    assert all(c.variant == "subtile" and not violations(c, H200, "bf16", problem.k) for c in seeded)
+    assert {(c.block_m, c.block_n, c.block_k) for c in named} <= {(c.block_m, c.block_n, c.block_k)
+                                                                  for c in named_list("triton_tutorial")}
 
 
 def test_odd_n_gets_no_tma_configs():

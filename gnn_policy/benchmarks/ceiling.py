@@ -3,7 +3,7 @@ every variant, found by a sweep and a one-knob refinement, then re-timed interle
 
 1. Sweep: `--configs` valid configs per (shape, variant), the same seeded order for every
    shape (so shapes of one Triton specialisation share their compiles), split-K groups taken
-   in turn; cuBLAS once per shape.
+   in turn, after the tiles of any `--named` lists in each variant; cuBLAS once per shape.
 2. Refine: around the best `--refine-top` configs of each (shape, variant), every one-knob
    neighbour (one knob moved one step, or the same tiles in another swept variant) that is
    valid and unmeasured, round after round until no (shape, variant) improves.
@@ -29,7 +29,7 @@ from collections import defaultdict
 
 from graphs import GemmProblem
 from gnn_policy.args import positive
-from gnn_policy.space import VARIANTS, TileConfig, fits_k, space, tma_fits, violations
+from gnn_policy.space import VARIANTS, TileConfig, fits_k, named_list, space, tma_fits, violations
 
 # (category, batch, M, N, K, B layout): prefill aligned and not, M of 100-300 with large N and
 # K, short K, skinny N, decode, batched; "col" is nn.Linear's weight as `x @ W.T` reads it.
@@ -66,9 +66,14 @@ def _fits(config: TileConfig, problem: GemmProblem) -> bool:
     return fits_k(config, problem.k) and (config.variant == "ptr" or tma_fits(problem))
 
 
-def sweep_configs(problem: GemmProblem, variant: str, count: int, gpu, seed: int) -> list[TileConfig]:
-    """The first `count` configs valid for `problem` of one seeded order per variant."""
-    return [c for c in _order(variant, gpu, problem.dtype, seed) if _fits(c, problem)][:count]
+def sweep_configs(problem: GemmProblem, variant: str, count: int, gpu, seed: int,
+                  named: tuple[str, ...] = ()) -> list[TileConfig]:
+    """The first `count` configs valid for `problem` of one seeded order per variant, after the
+    tiles of the `named` lists in this variant (those valid for the problem)."""
+    seeds = [dataclasses.replace(c, variant=variant) for name in named for c in named_list(name)]
+    seeds = [c for c in dict.fromkeys(seeds) if _fits(c, problem) and not violations(c, gpu, problem.dtype, problem.k)]
+    rest = [c for c in _order(variant, gpu, problem.dtype, seed) if _fits(c, problem)][:count]
+    return seeds + [c for c in rest if c not in set(seeds)]
 
 
 _ORDERS: dict = {}
@@ -170,7 +175,7 @@ class _Run:
         print(f"[{time.monotonic() - self.started:6.0f} s] cublas: {len(plist)} shapes", file=sys.stderr, flush=True)
 
     def sweep(self, plist: list[GemmProblem], variants: tuple[str, ...]) -> None:
-        jobs = [(p, sweep_configs(p, v, self.args.configs, self.gpu, self.args.seed))
+        jobs = [(p, sweep_configs(p, v, self.args.configs, self.gpu, self.args.seed, tuple(self.args.named)))
                 for v in variants for p in plist]
         self.stage = "sweep"
         self.many([(p, cs) for p, cs in jobs if cs])
@@ -298,6 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu", default="", help="GPU spec name (default: the local device)")
     parser.add_argument("--variant", action="append", choices=VARIANTS, help="variants to sweep (default: all)")
     parser.add_argument("--configs", type=int, default=300, help="sweep size per (shape, variant)")
+    parser.add_argument("--named", action="append", default=[],
+                        help="also sweep this named list's tiles in every variant (repeatable: triton_tutorial, inductor_mm)")
     parser.add_argument("--refine-top", type=int, default=5)
     parser.add_argument("--max-rounds", type=int, default=8)
     parser.add_argument("--confirm-top", type=int, default=3)
