@@ -8,6 +8,8 @@ Triton 3.6 killed its process compiling warp-specialised 64x256 tiles, and this 
 Aborted compiles cost one job each (`CompilePool`), never the run.
 
     python -m gnn_policy.benchmarks.cpu_compile --variant persistent --configs 200 --shapes 8 --out cc.jsonl
+    python -m gnn_policy.benchmarks.cpu_compile --problem 1x4096x4096x4096_bf16_rr \
+        --config bm128_bn256_bk64_sk1_gm8_w8_s4_subtile --out cc.jsonl
 """
 from __future__ import annotations
 
@@ -54,18 +56,26 @@ def compile_sm90(job: tuple) -> CompileResult:
 
 def main(argv: list[str] | None = None) -> None:
     import hardware_specs
+    from graphs import GemmProblem
     from gnn_policy.benchmarks.ceiling import problems, sweep_configs
+    from gnn_policy.space import TileConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", action="append", required=True)
+    parser.add_argument("--variant", action="append", default=[], help="the ceiling's sweep of this variant")
+    parser.add_argument("--config", action="append", default=[],
+                        help="a config key to compile for every --problem (repeatable), instead of a sweep")
+    parser.add_argument("--problem", action="append", default=[], help="a problem key, e.g. 1x256x4544x4544_bf16_rc")
     parser.add_argument("--configs", type=int, default=100, help="per (shape, variant), in the ceiling's order")
     parser.add_argument("--shapes", type=int, default=0, help="the ceiling's first N shapes (0: all)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     gpu = hardware_specs.load("h200")
-    jobs = [(p, c) for _, p in problems(args.shapes) for v in args.variant
-            for c in sweep_configs(p, v, args.configs, gpu, 0)]
+    if bool(args.config) != bool(args.problem) or bool(args.config) == bool(args.variant):
+        parser.error("give --variant (a sweep of the ceiling's shapes) or --config with --problem")
+    jobs = [(GemmProblem.from_key(p), TileConfig.from_key(c)) for p in args.problem for c in args.config]
+    jobs += [(p, c) for _, p in problems(args.shapes) for v in args.variant
+             for c in sweep_configs(p, v, args.configs, gpu, 0)]
     if not jobs:
         parser.error(f"the H200's rules leave no config of {', '.join(args.variant)} to compile "
                      "(warpspec: refused on Hopper, where it hangs)")
@@ -75,8 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             tally[result.status] += 1
             f.write(json.dumps(result.__dict__) + "\n")
             f.flush()
-            if result.status != "ok":
-                print(result.status, result.problem, result.config, result.error[:120], flush=True)
+            print(result.status, result.problem, result.config, result.error[:120], flush=True)
     print(dict(tally))
 
 
