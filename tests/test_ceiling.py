@@ -27,7 +27,7 @@ def test_sweep_configs_are_valid_for_the_problem_and_shared_across_shapes():
         assert len(ca) == 300 and {c.variant for c in ca} == {variant}
         assert not [c for c in ca if violations(c, H200, a.dtype, a.k)]
         assert ca[:50] == cb[:50]  # one order: shapes of one specialisation share compiles
-        allowed = {c.split_k for c in space("hopper") if c.variant == variant and not violations(c, H200, "bf16")}
+        allowed = {c.split_k for c in space("hopper-all") if c.variant == variant and not violations(c, H200, "bf16")}
         assert {c.split_k for c in ca[:10]} == allowed  # split-K groups in turn
 
 

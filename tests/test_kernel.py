@@ -50,8 +50,9 @@ CASES = [
 
 @pytest.mark.parametrize("programs", [1, 3, 7, 64])
 def test_streamk_cuts_tiles_anywhere_and_stays_correct(programs):
-    """Any grid cuts the 2 x 3 tiles x 9 K tiles into runs that start and end mid-tile, some
-    tiles in three parts or more (one program: nothing cut; 64: more programs than iterations)."""
+    """12 tiles of 9 K tiles: whole waves but the last one or two go data-parallel (1 and 3
+    programs), the rest is cut into equal runs that start and end mid-tile (7: two parts a tile;
+    64: more programs than the iterations need, five parts)."""
     from gnn_policy.kernels.persistent import streamk_split
 
     problem = P(50, 40, 140, batch=2, dtype="fp32", bias=True, activation="silu")
@@ -60,15 +61,16 @@ def test_streamk_cuts_tiles_anywhere_and_stays_correct(programs):
     out = launch(args["a"], args["b"], config, bias=args["bias"], activation="silu", residual=None,
                  programs=programs)
     assert relative_error(out, reference(**args)) <= TOLERANCE[torch.float32]
-    used, per, parts = streamk_split(config, 50, 40, 140, 2, programs)
-    owners = [i // per for i in range(108)]  # iteration -> program, 12 tiles of 9 iterations
-    assert used == owners[-1] + 1 <= programs and per == -(-108 // min(programs, 108))
-    assert parts == max(len(set(owners[t * 9:(t + 1) * 9])) for t in range(12))
-    assert (parts > 2) == (programs == 64)
+    used, dp, per, parts = streamk_split(config, 50, 40, 140, 2, programs)
+    assert used == programs and dp % used == 0 and (dp > 0) == (programs <= 6) and 12 - dp < 2 * used
+    owners = [i // per for i in range((12 - dp) * 9)]  # stream-K iteration -> program
+    assert owners[-1] < used and per == -(-(12 - dp) * 9 // used)
+    assert parts == max(len(set(owners[t * 9:(t + 1) * 9])) for t in range(12 - dp))
+    assert parts == {1: 1, 3: 1, 7: 2, 64: 5}[programs]
 
 
 def test_cases_cover_every_knob_value():
-    for name, values in space("hopper").values.items():
+    for name, values in space("hopper-all").values.items():
         used = {getattr(c, name) for _, c in CASES}
         assert set(values) <= used, f"{name}: {set(values) - used} never used"
 

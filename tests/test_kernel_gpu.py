@@ -48,7 +48,7 @@ def _random_cases(n: int, gpu, variant: str | None = None, seed: int = 1234) -> 
     """Half the configs from the whole space (most break a rule somewhere), half valid;
     with `variant`, only configs of that variant of the `hopper` space."""
     rng = random.Random(seed)
-    full = list(space("full")) if variant is None else [c for c in space("hopper") if c.variant == variant]
+    full = list(space("full")) if variant is None else [c for c in space("hopper-all") if c.variant == variant]
     valid = {d: [c for c in full if not violations(c, gpu, d)] for d in ("bf16", "fp16", "fp32")}
     cases = []
     for i in range(n):

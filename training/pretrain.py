@@ -64,8 +64,9 @@ class PretrainArgs:
     encoder: str = flag("gnn", "problem encoder: gnn (GINEConv message passing) or mlp (the same node "
                                "features, no messages; an ablation)", check=one_of("gnn", "mlp"))
     space: str = flag("full", "config space the policy ranks (gnn_policy.space.SPACES): full (ptr and tma, the "
-                              "shipped checkpoints') or hopper (adds the persistent variants)",
-                      check=one_of("full", "hopper"))
+                              "shipped checkpoints'), hopper (adds persistent and warpspec), hopper-tested (the "
+                              "variants that passed the GPU suite) or hopper-all (every variant)",
+                      check=one_of("full", "hopper", "hopper-all", "hopper-tested"))
     floored_bound: bool = flag(False, "the bounded cost head's bound and roofline feature include the GPU's launch "
                                       "floor (calibration.roofline_us); off: the work alone, as the shipped checkpoints")
     regression_weight: float = flag(0.1, "weight of the cost head's squared error on log TFLOP/s, beside its "

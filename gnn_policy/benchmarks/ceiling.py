@@ -84,7 +84,7 @@ def _order(variant: str, gpu, dtype: str, seed: int) -> list[TileConfig]:
     if key not in _ORDERS:
         rng = random.Random(f"{seed}:{variant}")
         groups = defaultdict(list)
-        for c in space("hopper"):
+        for c in space("hopper-all"):
             if c.variant == variant and not violations(c, gpu, dtype):
                 groups[c.split_k].append(c)
         for g in groups.values():
@@ -98,7 +98,7 @@ def _order(variant: str, gpu, dtype: str, seed: int) -> list[TileConfig]:
 def neighbours(config: TileConfig, variants: tuple[str, ...] = ()) -> list[TileConfig]:
     """Every config one knob-step away, and the same tiles in each of `variants`: a variant
     whose own sweep missed a tile that wins for another is measured on it too."""
-    sp = space("hopper")
+    sp = space("hopper-all")
     index = sp.index(config)
     out = []
     for j, (name, values) in enumerate(sp.knobs):

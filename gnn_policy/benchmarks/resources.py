@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(args.seed)
     jobs = []
     for variant in args.variant:
-        pool = [c.key for c in space("hopper") if c.variant == variant]
+        pool = [c.key for c in space("hopper-all") if c.variant == variant]
         jobs += [(k, args.dtype) for k in rng.sample(pool, min(args.configs, len(pool)))]
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         rows = pool.map(_compile, jobs, chunksize=4)

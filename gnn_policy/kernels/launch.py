@@ -193,7 +193,7 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
     descs = (t.pop("a_desc"), t.pop("b_desc"))
     rows = (t.pop("a_rows"), t.pop("b_rows"), c_rows)
     if config.variant == "streamk":
-        args = (*descs, c3, c_desc, *epilogue, m, n, k, batch, 1, 1, 1, *c3.stride(), *rs, *rows)
+        args = (*descs, c3, c_desc, *epilogue, m, n, k, batch, 1, 0, 1, 1, *c3.stride(), *rs, *rows)
         meta.pop("SPLIT_K")
         return streamk_kernel, c, (1,), args, dict(meta, **t)
     if config.variant in PERSISTENT_VARIANTS:
@@ -287,11 +287,11 @@ def _streamk_programs(kernel: Any, args: tuple, meta: dict, config: TileConfig, 
     m, n, k, batch = args[8:12]
     if programs is None:
         programs = _sm_count(device) * _resident_of(kernel, args, meta, config, device)
-    programs, per, parts = streamk_split(config, m, n, k, batch, programs)
+    programs, dp, per, parts = streamk_split(config, m, n, k, batch, programs)
     args = list(args)
-    args[_PROGRAMS_ARG:_PROGRAMS_ARG + 3] = [programs, per, parts]
-    if parts > 1:
-        tiles = units(config, m, n, batch)
+    args[_PROGRAMS_ARG:_PROGRAMS_ARG + 4] = [programs, dp, per, parts]
+    if parts > 1:  # partials of the stream-K tiles alone, indexed from the first of them
+        tiles = units(config, m, n, batch) - dp
         args[6] = torch.empty((tiles, parts, config.block_m, config.block_n), device=device, dtype=torch.float32)
         args[7] = tile_counters(device, tiles)
     return tuple(args), (programs,)

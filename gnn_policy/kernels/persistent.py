@@ -82,43 +82,56 @@ def units(config, m: int, n: int, batch: int) -> int:
     return triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k * batch
 
 
-@triton.jit(do_not_specialize=["num_programs", "per_program", "max_parts"])
+@triton.jit(do_not_specialize=["K", "num_programs", "dp_tiles", "per_program", "max_parts"])
 def streamk_kernel(
         a_desc, b_desc, c_ptr, c_desc, bias_ptr, res_ptr, ws_ptr, lock_ptr,
-        M, N, K, batch, num_programs, per_program, max_parts,
+        M, N, K, batch, num_programs, dp_tiles, per_program, max_parts,
         stride_cb, stride_cm, stride_cn, stride_rb, stride_rm, stride_rn,
         a_desc_rows, b_desc_rows, c_desc_rows,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
         MASK_B_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr, TMA_STORE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Stream-K: the (tile, K tile) iterations of every output tile, laid end to end, are cut into
-    one contiguous run of `per_program` iterations per program, so every SM gets the same work
-    whatever the tile count (a 2x36-tile GEMM on 132 SMs leaves none idle). A tile cut between
-    programs is summed like a split-K tile: each part writes its fp32 partial to slot
-    (program - first program of the tile) and the last part to arrive sums the slots in order."""
+    """Stream-K with data-parallel waves first (CUTLASS's hybrid). The first `dp_tiles` tiles (whole
+    waves) go round robin as in `persistent`, so the tiles running at once are neighbours in
+    GROUP_M order and share L2. The (tile, K tile) iterations of the rest, one to two waves' worth,
+    are cut into equal runs of `per_program`, so no SM idles in the last wave (all of a 2x36-tile
+    GEMM on 132 SMs). A tile cut between programs is summed like a split-K tile: each part writes
+    its fp32 partial to slot (program - first program of the tile), and the last part to arrive
+    sums the slots in order."""
     tiles_mn = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     program = tl.program_id(0)
+    for tile in tl.range(program, dp_tiles, num_programs, flatten=True):
+        pid_b = tile // tiles_mn
+        pid_m, pid_n = _tile_coords(tile % tiles_mn, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _tma_k_loop(a_desc, b_desc, acc, pid_b * a_desc_rows, pid_b * b_desc_rows, pid_m, pid_n,
+                          0, k_tiles, K, BLOCK_M, BLOCK_N, BLOCK_K, A_K_MAJOR, B_K_MAJOR,
+                          MASK_A_K, MASK_B_K, DOT_PRECISION)
+        _epilogue(acc, pid_m, pid_n, M, N, c_ptr + pid_b * stride_cb, c_desc, pid_b * c_desc_rows, stride_cm,
+                  stride_cn, bias_ptr, res_ptr + pid_b * stride_rb, stride_rm, stride_rn, BLOCK_M, BLOCK_N,
+                  ACTIVATION, HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
     # int64: tiles x K tiles passes 2^31 for small tiles of a large problem
     # (any of M, N, batch equal to 1 arrives as a constant, which has no .to)
-    start = program.to(tl.int64) * per_program
-    end = tl.minimum(start + per_program, (start * 0 + batch) * tiles_mn * k_tiles)
-    for tile in tl.range((start // k_tiles).to(tl.int32), tl.cdiv(end, k_tiles).to(tl.int32), flatten=True):
+    zero = program.to(tl.int64) * 0
+    base = (zero + dp_tiles) * k_tiles
+    start = base + program * per_program
+    end = tl.minimum(start + per_program, (zero + batch) * tiles_mn * k_tiles)
+    for tile in tl.range((start // k_tiles).to(tl.int32), tl.cdiv(end, k_tiles).to(tl.int32)):
         pid_b = tile // tiles_mn
-        pid = tile % tiles_mn
-        pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        tile64 = start * 0 + tile  # (the interpreter's loop index is a Python int)
+        pid_m, pid_n = _tile_coords(tile % tiles_mn, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        tile64 = zero + tile  # (the interpreter's loop index is a Python int)
         k_first = tl.maximum(start - tile64 * k_tiles, 0).to(tl.int32)
         k_last = tl.minimum(end - tile64 * k_tiles, k_tiles).to(tl.int32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = _tma_k_loop(a_desc, b_desc, acc, pid_b * a_desc_rows, pid_b * b_desc_rows, pid_m, pid_n,
                           k_first, k_last, K, BLOCK_M, BLOCK_N, BLOCK_K, A_K_MAJOR, B_K_MAJOR,
                           MASK_A_K, MASK_B_K, DOT_PRECISION)
-        first_part = (tile64 * k_tiles) // per_program
-        parts = (((tile64 + 1) * k_tiles - 1) // per_program - first_part + 1).to(tl.int32)
-        _finish_parts(acc, tile64, (program - first_part).to(tl.int32), parts, max_parts, pid_m, pid_n, M, N,
-                      c_ptr + pid_b * stride_cb, c_desc, pid_b * c_desc_rows, stride_cm, stride_cn, bias_ptr,
+        first_part = (tile64 * k_tiles - base) // per_program
+        parts = (((tile64 + 1) * k_tiles - 1 - base) // per_program - first_part + 1).to(tl.int32)
+        _finish_parts(acc, tile64 - dp_tiles, (program - first_part).to(tl.int32), parts, max_parts, pid_m, pid_n,
+                      M, N, c_ptr + pid_b * stride_cb, c_desc, pid_b * c_desc_rows, stride_cm, stride_cn, bias_ptr,
                       res_ptr + pid_b * stride_rb, stride_rm, stride_rn, ws_ptr, lock_ptr, BLOCK_M, BLOCK_N,
                       ACTIVATION, HAS_BIAS, HAS_RESIDUAL, TMA_STORE)
 
@@ -149,18 +162,14 @@ def _finish_parts(acc, tile, part, parts, max_parts, pid_m, pid_n, M, N, c_base,
             tl.store(lock_ptr + tile, 0)  # left at 0 for the next launch, as `_finish` does
 
 
-def streamk_split(config, m: int, n: int, k: int, batch: int, programs: int) -> tuple[int, int, int]:
-    """(programs, iterations per program, most parts one tile is cut into) of a stream-K launch."""
+def streamk_split(config, m: int, n: int, k: int, batch: int, programs: int) -> tuple[int, int, int, int]:
+    """(programs, data-parallel tiles, stream-K iterations per program, most parts a tile is cut
+    into) of a stream-K launch: whole waves but the last one or two go data-parallel."""
     k_tiles = triton.cdiv(k, config.block_k)
-    total = units(config, m, n, batch) * k_tiles
-    per = triton.cdiv(total, max(1, min(programs, total)))
-    programs = triton.cdiv(total, per)  # none left without work
-    tiles = total // k_tiles
-    parts = max((((t + 1) * k_tiles - 1) // per - (t * k_tiles) // per + 1) for t in _cut_tiles(tiles, k_tiles, per))
-    return programs, per, parts
-
-
-def _cut_tiles(tiles: int, k_tiles: int, per: int) -> list[int]:
-    """Tiles that hold a program boundary (their part counts are the only ones above 1), or tile 0."""
-    cut = {min(tiles - 1, (p * per) // k_tiles) for p in range(1, triton.cdiv(tiles * k_tiles, per))}
-    return sorted(cut) or [0]
+    tiles = units(config, m, n, batch)
+    programs = max(1, min(programs, tiles * k_tiles))
+    dp = (tiles // programs - 1) * programs if tiles >= 2 * programs else 0
+    per = triton.cdiv((tiles - dp) * k_tiles, programs)
+    cut = {dp + (p * per) // k_tiles for p in range(1, programs)} & set(range(dp, tiles))
+    parts = max([1] + [((t + 1 - dp) * k_tiles - 1) // per - ((t - dp) * k_tiles) // per + 1 for t in cut])
+    return programs, dp, per, parts
