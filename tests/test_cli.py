@@ -43,7 +43,8 @@ def test_specs_space_counts_valid_configs():
     res = _cli("specs", "--space", "--gpu", "h200")
     assert res.returncode == 0, res.stderr
     row = next(line for line in res.stdout.splitlines() if line.startswith("H200-SXM-141GB  bf16"))
-    assert row.split()[2:] == ["61720", "90940", "90940", "96", "11", "19"]  # full, hopper (warpspec refused), hopper-tested, seed, lists
+    # full, hopper (warpspec refused), hopper-all, hopper-tested (with subtile), seed, lists
+    assert row.split()[2:] == ["61720", "90940", "126940", "120840", "96", "11", "19"]
 
 
 def test_unknown_gpu_is_a_clear_error():
