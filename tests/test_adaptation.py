@@ -208,3 +208,21 @@ def test_a_stage_that_loses_on_one_fold_is_kept_only_where_the_pooled_score_alon
     # under every_fold the adapted copies lose on the second fold (0.85 < 0.92), so the calibration stays
     assert dataclasses.replace(gain_everywhere, every_fold=True).kept == "calibrated"
     assert CheckResult(None, None, 0, every_fold=True).kept == "start"
+
+
+def test_the_rank_signal_keeps_the_stage_that_orders_the_most_held_out_pairs():
+    ranks = {"start": 0.70, "calibrated": 0.74, "adapted": 0.72}
+    by_rank = CheckResult(0.9, 0.95, 8, calibrated=0.93, ranks=ranks, signal="rank")
+    assert by_rank.kept == "calibrated"  # the picks would keep the adapted copies; the pairs say otherwise
+    assert dataclasses.replace(by_rank, signal="pick").kept == "adapted"
+    assert dataclasses.replace(by_rank, ranks={"start": 0.7, "adapted": 0.7}).kept == "start"  # a tie keeps the start
+    assert CheckResult(None, None, 0, signal="rank").kept == "start"
+
+
+def test_the_cross_fit_counts_held_out_pairs_each_stage_orders_as_measured(tmp_path, bounded, monkeypatch):
+    _judged_stages(monkeypatch, "truth", "opposite")
+    with _db(tmp_path, {i: 12 for i in range(4)}) as db:
+        staged = cross_fit(bounded, PROBLEMS, H200, db, "real", AdaptPlan("calibrate-whole"), rounds=1, seed=0)
+    # steered to the truth, the calibration orders every compared pair; reversed, the adapted copies none
+    assert staged.ranks["calibrated"] == 1.0 and staged.ranks["adapted"] == 0.0 and 0 < staged.ranks["start"] < 1
+    assert dataclasses.replace(staged, signal="rank").kept == "calibrated"

@@ -105,12 +105,14 @@ def replay_run(db: Database, db_path: str, gpu: str, checkpoint: str, strategy: 
     with Database(args.db) as own:
         for least in MIN_SCORED_JUDGED:
             judged = cross_fit(start, tuned, spec, own, "real", args.plan, args.rounds, seed, min_scored=least)
-            for every in (False, True):
-                verdict = dataclasses.replace(judged, every_fold=every)
+            for every, signal in ((False, "pick"), (True, "pick"), (False, "rank")):
+                if signal == "rank" and least != MIN_SCORED_JUDGED[0]:
+                    continue  # the ranking counts pairs of every problem: `least` does not apply
+                verdict = dataclasses.replace(judged, every_fold=every, signal=signal)
                 kept = verdict.kept
                 if kept not in figures:
                     figures[kept] = calibrated_only(start, tuned, spec, own, "real", args.plan, args.rounds, seed)
-                out[_guard_key(least, every)] = {
+                out["guard-rank" if signal == "rank" else _guard_key(least, every)] = {
                     "kept": kept, "verdict": dataclasses.asdict(verdict),
                     "score": out["unguarded"] if kept == "adapted" else out["start"] if kept == "start"
                     else dataclasses.asdict(score(figures[kept], spec, db, problems))}
@@ -121,29 +123,31 @@ def _guard_key(least: int, every_fold: bool) -> str:
     return f"guard{least}" + ("-every-fold" if every_fold else "")
 
 
-def summarise(runs: list[dict], least: int = MIN_SCORED, every_fold: bool = EVERY_FOLD) -> str:
+def summarise(runs: list[dict], least: int = MIN_SCORED, every_fold: bool = EVERY_FOLD, rank: bool = False) -> str:
     """Markdown: per target, checkpoint and strategy, top-1 / best of 8 by budget (means over
     seeds, the top-1 range in brackets), unguarded and guarded (judging problems with at least
     `least` configs; with `every_fold`, a stage no worse on any fold), and what each guarded run
-    kept (a: adapted, c: the calibration alone, s: the start). B = 0 is each seed's start on its evaluation problems."""
+    kept (a: adapted, c: the calibration alone, s: the start); with `rank`, the guard judging by
+    held-out pairs ordered as measured. B = 0 is each seed's start on its evaluation problems."""
+    guarded = "guard-rank" if rank else _guard_key(least, every_fold)
     budgets = sorted({r["budget"] for r in runs})
     lines = ["| GPU | checkpoint | strategy | guard | B=0 | " + " | ".join(f"B={b}" for b in budgets) + " |",
              "|---|---|---|---|---|" + "---|" * len(budgets)]
     for gpu, ck, strategy in dict.fromkeys((r["gpu"], r["checkpoint"], r["strategy"]) for r in runs):
         mine = [r for r in runs if (r["gpu"], r["checkpoint"], r["strategy"]) == (gpu, ck, strategy)]
         first = [r for r in mine if r["budget"] == min(x["budget"] for x in mine)]
-        for guard in ("unguarded", _guard_key(least, every_fold)):
+        for guard in ("unguarded", guarded):
             cells = [_cell([r["start"] for r in first])]
             for b in budgets:
                 cell = [r for r in mine if r["budget"] == b]
-                if not cell:
+                if not cell or guard not in cell[0]:  # none, or runs from before the rank guard
                     cells.append("-")
                 elif guard == "unguarded":
                     cells.append(_cell([r[guard] for r in cell]))
                 else:
                     cells.append(_cell([r[guard]["score"] for r in cell]) + ", kept "
                                  + " ".join(r[guard]["kept"][0] for r in cell))
-            name = "unguarded" if guard == "unguarded" else \
+            name = "unguarded" if guard == "unguarded" else "guarded (held-out pairs)" if rank else \
                 f"guarded ({least}+ configs" + (", every fold)" if every_fold else ")")
             lines.append(f"| {gpu} | {Path(ck).stem} | {strategy} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -209,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
             with tempfile.TemporaryDirectory() as work:
                 runs.append(replay_run(db, ns.db, gpu, ck, strategy, budget, seed, Path(work), ns.split, **settings))
             out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")  # a killed call keeps what finished
-    print("\n\n".join(summarise(runs, least, every) for least in MIN_SCORED_JUDGED for every in (False, True)))
+    print("\n\n".join([summarise(runs, least, every) for least in MIN_SCORED_JUDGED for every in (False, True)]
+                      + [summarise(runs, rank=True)]))
 
 
 if __name__ == "__main__":

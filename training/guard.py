@@ -29,6 +29,12 @@ MIN_SCORED = 2  # correct configs a held-out problem needs before a pick among t
 # a stage must also pick no worse on any fold: on replayed labels this kept calibrations from hurting
 # at B = 64 where the pooled geomean alone kept some that did (docs/BENCHMARKS.md)
 EVERY_FOLD = True
+# what a stage is judged by on the held-out folds: "pick" (the first pick among the measured
+# configs, geomean fraction of their best) or "rank" (pairs of measured configs the predictions
+# order as measured). The measured configs of a problem are few and near the top, so a pick
+# among them barely moves; a ranking over every pair carries more of what adapting changed.
+SIGNAL = "pick"
+RANK_MARGIN = 1.05  # pairs closer than this ratio of TFLOP/s are ties: timing noise, not a ranking
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +45,20 @@ class CheckResult:
     calibrated: float | None = None  # `calibrate-whole`: the copies after the calibration stage alone
     folds: tuple[dict[str, float], ...] = ()  # the same three geomeans on each fold's held-out problems alone
     every_fold: bool = EVERY_FOLD  # a stage must also be no worse on any fold than what it replaces
+    ranks: dict[str, float] | None = None  # share of held-out pairs each stage orders as measured
+    signal: str = SIGNAL
 
     @property
     def kept(self) -> str:
         """The weights the run keeps: 'adapted', 'calibrated' (the calibration alone) or 'start'."""
+        if self.signal == "rank":
+            if not self.ranks:
+                return "start"
+            kept = "start"
+            for stage in ("calibrated", "adapted"):
+                if self.ranks.get(stage) is not None and self.ranks[stage] > self.ranks[kept]:
+                    kept = stage
+            return kept
         if not self.scored:
             return "start"
         kept, best = "start", self.start
@@ -96,6 +112,28 @@ def pick_fraction(policy, problem, spec, figures: dict[str, float], min_scored: 
     return figures[chosen.key] / max(figures[c.key] for c in configs)
 
 
+def ordered_pairs(policy, problem, spec, figures: dict[str, float]) -> tuple[int, int]:
+    """(pairs of the problem's usable measured configs the policy's predictions order as measured,
+    pairs compared); pairs within RANK_MARGIN of each other are not compared."""
+    import torch
+
+    configs = usable(policy, problem, spec, figures)
+    if len(configs) < 2:
+        return 0, 0
+    idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
+    with torch.no_grad():
+        h, _ = policy.encode(problem, spec)
+        pred = policy.cost(h, problem, spec, idx)[0].tolist()
+    measured = [math.log(figures[c.key]) for c in configs]
+    right = total = 0
+    for i in range(len(configs)):
+        for j in range(i + 1, len(configs)):
+            if abs(measured[i] - measured[j]) > math.log(RANK_MARGIN):
+                total += 1
+                right += (pred[i] - pred[j]) * (measured[i] - measured[j]) > 0
+    return right, total
+
+
 def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rounds: int, seed: int,
               folds: int = FOLDS, min_scored: int = MIN_SCORED) -> CheckResult:
     """`folds`-fold cross-fit of the adaptation over the tuning problems (see the module doc)."""
@@ -105,6 +143,7 @@ def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rou
     failed = db.failed_configs(spec.name, source)
     parts = [problems[i::folds] for i in range(folds)]
     scores: dict[str, list[float]] = {"start": [], "calibrated": [], "adapted": []}
+    pairs = {name: [0, 0] for name in scores}  # (ordered as measured, compared) over the held-out problems
     by_fold = []
     with torch.random.fork_rng(devices=[]):  # the same answer on a re-entered run, whatever ran before
         torch.manual_seed(seed)
@@ -114,6 +153,7 @@ def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rou
                       if (s := pick_fraction(start, p, spec, figures[p.key], min_scored)) is not None]
             if not scored:
                 continue
+            _count(pairs["start"], start, held, spec, figures)
             adapter = Adapter(copy.deepcopy(start), plan)
             # a stand-in for the run's rounds, which this replay cannot repeat without measuring: all of
             # the learning folds' measurements in one round, for as many steps as the run took in all
@@ -126,13 +166,22 @@ def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rou
                 adapter.stage(stage, learn, spec, db, source, measured, {}, rounds)
                 name = "adapted" if n == len(plan.stages) - 1 else "calibrated"
                 fold[name] = [pick_fraction(adapter.policy, p, spec, figures[p.key]) for p, _ in scored]
+                _count(pairs[name], adapter.policy, held, spec, figures)
             for name, values in fold.items():
                 scores[name] += values
             by_fold.append({name: _geomean(values) for name, values in fold.items()})
     if not scores["start"]:
         return CheckResult(None, None, 0)
+    ranks = {name: right / total for name, (right, total) in pairs.items() if total} or None
     return CheckResult(_geomean(scores["start"]), _geomean(scores["adapted"]), len(scores["start"]),
-                       _geomean(scores["calibrated"]) if scores["calibrated"] else None, tuple(by_fold))
+                       _geomean(scores["calibrated"]) if scores["calibrated"] else None, tuple(by_fold), ranks=ranks)
+
+
+def _count(tally: list[int], policy, problems: list, spec, figures: dict) -> None:
+    for p in problems:
+        right, total = ordered_pairs(policy, p, spec, figures[p.key])
+        tally[0] += right
+        tally[1] += total
 
 
 def calibrated_only(start, problems: list, spec, db, source: str, plan: AdaptPlan, rounds: int, seed: int):
