@@ -31,8 +31,9 @@ MIN_SCORED = 2  # correct configs a held-out problem needs before a pick among t
 EVERY_FOLD = True
 # what a stage is judged by on the held-out folds: "pick" (the first pick among the measured
 # configs, geomean fraction of their best) or "rank" (pairs of measured configs the predictions
-# order as measured). The measured configs of a problem are few and near the top, so a pick
-# among them barely moves; a ranking over every pair carries more of what adapting changed.
+# order as measured, in the hope that every pair says more than one pick among a few configs
+# near the top). On replayed H200 val labels (docs/BENCHMARKS.md, 2026-12-06) "rank" did no
+# better than "pick"; adapt_replay reports both.
 SIGNAL = "pick"
 RANK_MARGIN = 1.05  # pairs closer than this ratio of TFLOP/s are ties: timing noise, not a ranking
 
