@@ -2,7 +2,10 @@
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section LaunchStats \\
         --section Occupancy --section WarpStateStats \\
-        python -m gnn_policy.benchmarks.profile_launch 1000,1000,1000:bm128_bn64_bk64_sk1_gm8_w4_s4_tma
+        python -m gnn_policy.benchmarks.profile_launch 1000,1000,1000:bm128_bn64_bk64_sk1_gm8_w4_s4_tma \
+        1x256x4544x4544_bf16_rc:bm128_bn128_bk64_sk1_gm8_w4_s4_streamk
+
+A case is M,N,K (fp16, row-major) or a problem key (any dtype, layout, batch or epilogue).
 
 Each case is warmed up (compiled, cuBLAS handles created) first; only the bracketed launches
 are profiled (`--profile-from-start off`), our kernel then cuBLAS's, per case.
@@ -22,12 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     cases = []
     for spec in (sys.argv[1:] if argv is None else argv):
         shape, key = spec.split(":")
-        m, n, k = (int(x) for x in shape.split(","))
-        args = make_inputs(GemmProblem(m, n, k), "cuda", seed=0)
+        problem = GemmProblem.from_key(shape) if "_" in shape else GemmProblem(*(int(x) for x in shape.split(",")))
+        args = make_inputs(problem, "cuda", seed=0)
         config = TileConfig.from_key(key)
         for _ in range(3):
             matmul(**args, config=config)
-            torch.matmul(args["a"], args["b"])
+            torch.matmul(args["a"], args["b"])  # cuBLAS without the epilogue: the GEMM alone
         cases.append((args, config))
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
