@@ -190,3 +190,12 @@ def test_a_bounded_policy_loaded_under_inference_mode_scores_and_caches(bounded_
         picks = policy.top_k(P, H200, 4)
         assert policy.top_k(P, H200, 4) == picks and len(policy._scores) == 1
     assert policy.top_k(P, H200, 4) == picks
+
+
+@pytest.mark.parametrize("path", sorted(DEFAULT_CHECKPOINT.parent.glob("*.pt")), ids=lambda p: p.name)
+def test_every_shipped_checkpoint_loads_and_picks_within_its_space(path):
+    """A change to a config space (a variant added to `hopper`, say) must not break a shipped checkpoint."""
+    policy = Policy.load(path)
+    picks = policy.top_k(P, H200, 4)
+    assert len(picks) == 4 and all(p.config in policy.model.space for p in picks)
+    assert all(not violations(p.config, H200, P.dtype, P.k) for p in picks)
