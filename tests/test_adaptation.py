@@ -222,7 +222,8 @@ def test_the_rank_signal_keeps_the_stage_that_orders_the_most_held_out_pairs():
 def test_the_cross_fit_counts_held_out_pairs_each_stage_orders_as_measured(tmp_path, bounded, monkeypatch):
     _judged_stages(monkeypatch, "truth", "opposite")
     with _db(tmp_path, {i: 12 for i in range(4)}) as db:
-        staged = cross_fit(bounded, PROBLEMS, H200, db, "real", AdaptPlan("calibrate-whole"), rounds=1, seed=0)
+        staged = cross_fit(bounded, PROBLEMS, H200, db, "real", AdaptPlan("calibrate-whole"), rounds=1, seed=0,
+                           rank=True)
     # steered to the truth, the calibration orders every compared pair; reversed, the adapted copies none
     assert staged.ranks["calibrated"] == 1.0 and staged.ranks["adapted"] == 0.0 and 0 < staged.ranks["start"] < 1
     assert dataclasses.replace(staged, signal="rank").kept == "calibrated"

@@ -104,7 +104,8 @@ def replay_run(db: Database, db_path: str, gpu: str, checkpoint: str, strategy: 
            "unguarded": dataclasses.asdict(score(adapted, spec, db, problems))}
     with Database(args.db) as own:
         for least in MIN_SCORED_JUDGED:
-            judged = cross_fit(start, tuned, spec, own, "real", args.plan, args.rounds, seed, min_scored=least)
+            judged = cross_fit(start, tuned, spec, own, "real", args.plan, args.rounds, seed, min_scored=least,
+                               rank=least == MIN_SCORED_JUDGED[0])
             for every, signal in ((False, "pick"), (True, "pick"), (False, "rank")):
                 if signal == "rank" and least != MIN_SCORED_JUDGED[0]:
                     continue  # the ranking counts pairs of every problem: `least` does not apply

@@ -136,8 +136,9 @@ def ordered_pairs(policy, problem, spec, figures: dict[str, float]) -> tuple[int
 
 
 def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rounds: int, seed: int,
-              folds: int = FOLDS, min_scored: int = MIN_SCORED) -> CheckResult:
-    """`folds`-fold cross-fit of the adaptation over the tuning problems (see the module doc)."""
+              folds: int = FOLDS, min_scored: int = MIN_SCORED, rank: bool = SIGNAL == "rank") -> CheckResult:
+    """`folds`-fold cross-fit of the adaptation over the tuning problems (see the module doc);
+    `rank` also counts the held-out pairs each stage orders (one more scoring a problem and stage)."""
     import torch
 
     figures = {p.key: {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != CUBLAS} for p in problems}
@@ -154,7 +155,8 @@ def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rou
                       if (s := pick_fraction(start, p, spec, figures[p.key], min_scored)) is not None]
             if not scored:
                 continue
-            _count(pairs["start"], start, held, spec, figures)
+            if rank:
+                _count(pairs["start"], start, held, spec, figures)
             adapter = Adapter(copy.deepcopy(start), plan)
             # a stand-in for the run's rounds, which this replay cannot repeat without measuring: all of
             # the learning folds' measurements in one round, for as many steps as the run took in all
@@ -167,7 +169,8 @@ def cross_fit(start, problems: list, spec, db, source: str, plan: AdaptPlan, rou
                 adapter.stage(stage, learn, spec, db, source, measured, {}, rounds)
                 name = "adapted" if n == len(plan.stages) - 1 else "calibrated"
                 fold[name] = [pick_fraction(adapter.policy, p, spec, figures[p.key]) for p, _ in scored]
-                _count(pairs[name], adapter.policy, held, spec, figures)
+                if rank:
+                    _count(pairs[name], adapter.policy, held, spec, figures)
             for name, values in fold.items():
                 scores[name] += values
             by_fold.append({name: _geomean(values) for name, values in fold.items()})
