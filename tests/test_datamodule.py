@@ -15,7 +15,7 @@ from gnn_policy.measure.result import Measurement
 from gnn_policy.search import valid_configs
 from gnn_policy.space import NAMED_LISTS, space
 from hardware_specs.features import GpuVocab
-from training.datamodule import MeasurementDataModule
+from training.datamodule import MeasurementDataModule, share_key
 from training.dataset import NAMED_KEYS, load_samples
 from training.imported import Demonstration
 
@@ -57,9 +57,10 @@ def split_rows(path, gpu=H200, splits=tuple(PROBLEMS)) -> dict[str, int]:
     return named_rows
 
 
-def _data(path, demos=()) -> MeasurementDataModule:
+def _data(path, demos=(), **kwargs) -> MeasurementDataModule:
     data = MeasurementDataModule(str(path), [H200.name], FULL, GpuVocab([H200.name, "A100-SXM4-80GB"]),
-                                 batch_size=3, load_snapshot=False, demos=demos, named_weight=NAMED_WEIGHT)
+                                 batch_size=3, load_snapshot=False, demos=demos, named_weight=NAMED_WEIGHT,
+                                 **kwargs)
     data.setup()
     return data
 
@@ -106,3 +107,19 @@ def test_no_training_problem_names_both_sources_and_the_gpus(tmp_path):
     with pytest.raises(ValueError, match=r"no training problems measured on H200-SXM-141GB: none of the train "
                                          r"families \(Llama-3-8B, .*\) and none of random-train"):
         _data(tmp_path / "m.sqlite")
+
+
+def test_train_share_keeps_the_same_problems_and_train_on_val_adds_val(tmp_path):
+    split_rows(tmp_path / "m.sqlite")
+    train = keys_of("train", "random-train")
+    kept = {k for k in train if share_key(k) < 0.5}
+    assert 0 < len(kept) < len(train), "pick a share that splits these problems"
+    for _ in range(2):  # the same problems every time: a hash of the key, not a random draw
+        half = _data(tmp_path / "m.sqlite", train_share=0.5)
+        assert {s.problem.key for s in half.samples["train"]} == kept
+        assert {s.problem.key for s in half.samples["val"]} == keys_of("val", "random-val")
+    both = _data(tmp_path / "m.sqlite", train_on_val=True)
+    assert {s.problem.key for s in both.samples["train"]} == train | keys_of("val", "random-val")
+    assert not {s.problem.key for s in both.samples["train"]} & keys_of("test", "random-test")
+    with pytest.raises(ValueError, match=r"train_share must be in \(0, 1\], got 1.5"):
+        _data(tmp_path / "m.sqlite", train_share=1.5)

@@ -126,3 +126,20 @@ def test_the_weight_average_is_what_validates_and_ships(tmp_path):
     raw = torch.load(tmp_path / "ckpt" / "pretrained.pt", weights_only=True)["state_dict"]
     ema = torch.load(tmp_path / "ema" / "pretrained.pt", weights_only=True)["state_dict"]
     assert raw.keys() == ema.keys() and any(not torch.equal(raw[k], ema[k]) for k in raw)
+
+
+def test_train_share_and_train_on_val_change_the_training_set_and_the_card_says_so(tmp_path):
+    from training.pretrain import share_flag
+
+    _fake_db(tmp_path / "m.sqlite")
+    args = PretrainArgs(db=str(tmp_path / "m.sqlite"), epochs=1, batch_size=3, hidden=16, layers=1,
+                        out=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "runs"), seed=0, wandb=False)
+    full = run(args)["data"]
+    half = run(dataclasses.replace(args, train_share=0.5, out=str(tmp_path / "half")))
+    both = run(dataclasses.replace(args, train_on_val=True, out=str(tmp_path / "both")))["data"]
+    assert full["train"]["problems"] == 6 and full["val"]["problems"] == 3
+    assert 0 < half["data"]["train"]["problems"] < 6 and half["args"]["train_share"] == 0.5
+    assert both["train"]["problems"] == 9 and both["train"]["problems_by_split"] == {"train": 6, "val": 3}
+    for bad, message in (("1.5", "at most 1"), ("0", "more than 0")):
+        with pytest.raises(Exception, match=message):
+            share_flag(bad)

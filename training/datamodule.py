@@ -9,10 +9,16 @@ With imported demonstrations, training batches are dicts {"measured": ..., "impo
 (Lightning's CombinedLoader, mode max_size_cycle: an epoch is a pass over the longer of the two,
 the shorter one cycles). Demonstrations of validation or test problems are left out, like
 their measurements.
+
+Two changes of the training set, recorded in the card: `train_share` keeps a stable share of the
+training problems (by a hash of the problem key: a learning curve over the same problems at every
+seed), and `train_on_val` adds the validation problems to the training ones, for the final retrain
+of a recipe already chosen on val (its val figures are then training figures, not a selection).
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Sequence
 
 import pytorch_lightning as pl
@@ -28,11 +34,19 @@ from training.dataset import Sample, collate, demonstration_samples, load_sample
 from training.imported import Demonstration
 
 
+def share_key(key: str) -> float:
+    """A problem key's stable place in [0, 1): the same problems fall below a share at every seed and run."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2 ** 64
+
+
 class MeasurementDataModule(pl.LightningDataModule):
     def __init__(self, db: str, gpus: Sequence[str], space: ConfigSpace, vocab: GpuVocab,
                  batch_size: int = 8, load_snapshot: bool = True, demos: Sequence[Demonstration] = (),
-                 named_weight: float = 1.0):
+                 named_weight: float = 1.0, train_share: float = 1.0, train_on_val: bool = False):
         super().__init__()
+        if not 0 < train_share <= 1:
+            raise ValueError(f"train_share must be in (0, 1], got {train_share}")
+        self.train_share, self.train_on_val = train_share, train_on_val
         self.named_weight = named_weight  # rows of the named lists weigh this much (training.dataset)
         self.db, self.gpus, self.space, self.vocab = db, tuple(gpus), space, vocab
         self.batch_size, self.load_snapshot, self.demos = batch_size, load_snapshot, tuple(demos)
@@ -54,6 +68,10 @@ class MeasurementDataModule(pl.LightningDataModule):
                 load_shipped(db)
             for role, splits in ROLES.items():
                 self.samples[role] = load_samples(db, self.gpus, self.space, splits, self.named_weight)
+        if self.train_share < 1:
+            self.samples["train"] = [x for x in self.samples["train"] if share_key(x.problem.key) < self.train_share]
+        if self.train_on_val:
+            self.samples["train"] = self.samples["train"] + self.samples["val"]
         if not self.samples["train"]:
             raise ValueError(f"{self.db}: no training problems measured on {', '.join(self.gpus)}: none of the "
                              f"train families ({', '.join(FAMILY_SPLITS['train'])}) and none of random-train "

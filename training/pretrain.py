@@ -41,6 +41,14 @@ def ema_decay_flag(text: str) -> float:
     return value
 
 
+def share_flag(text: str) -> float:
+    """--train-share: a share in (0, 1]."""
+    value = positive(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be at most 1 (a share of the training problems), got {text}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class PretrainArgs:
     """Pretrain the policy on the measurement database (train families + random-train; val families + random-val)."""
@@ -80,6 +88,10 @@ class PretrainArgs:
     ema_decay: float = flag(0.0, "decay of an exponential moving average of the weights, validated and "
                                  "written in their place (0: none; 0.999 averages over about 1,000 steps)",
                             check=ema_decay_flag)
+    train_share: float = flag(1.0, "share of the training problems kept, chosen by a stable hash of the problem "
+                                   "(a learning curve; 1: all)", check=share_flag)
+    train_on_val: bool = flag(False, "also train on the val problems: the final retrain of a recipe chosen on val "
+                                     "(the logged val figures are then training figures)")
     seed: int = flag(0, "seed of weights, shuffling and GPU-embedding dropout")
     out: str = flag("checkpoints", "folder for pretrained.pt and pretrained.card.json")
     log_dir: str = flag("runs/pretrain", "folder for the CSV metrics and the offline W&B run")
@@ -123,7 +135,8 @@ def run(args: PretrainArgs) -> dict | None:
                                floored_bound=args.floored_bound, space=args.space)
     data = MeasurementDataModule(args.db, args.gpus, space(model_config.space), GpuVocab(model_config.gpu_names),
                                  batch_size=args.batch_size // args.devices, demos=demos,
-                                 named_weight=args.named_weight)
+                                 named_weight=args.named_weight, train_share=args.train_share,
+                                 train_on_val=args.train_on_val)
     module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature,
                           regression_weight=args.regression_weight, cost_listwise_weight=args.cost_listwise,
                           imitation_weight=args.imitation_weight, ema_decay=args.ema_decay)
