@@ -1,0 +1,53 @@
+#!/bin/bash
+# One device call of the open GPU work, as the `device` tool runs it from the repository root:
+#     BUDGET=570 bash docs/gpu_session.sh ceiling200 ncu picks collect
+# Stages run in the order given, each under a timeout, so that one tar of everything is always
+# written to $OUT/results.tgz (a call returns at most 8 files): BUDGET seconds in all, 20 kept for
+# the tar. Stages: ceiling200 (issue 18's ceiling, on an H200 only), ncu (streamk against tma on
+# 1000^3 and 256x4544x4544), picks (the default's top 8 on the H100's random-test, an H100 only),
+# e2e and adapter (issue 21's benchmarks), collect (random-train, resumes from the shipped shards).
+# Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
+set -u
+START=$(date +%s); BUDGET=${BUDGET:-570}
+R=/tmp/res; rm -rf $R; mkdir -p $R
+left() { echo $(( BUDGET - ($(date +%s) - START) - 20 )); }
+mins() { python3 -c "print(round(max($1, 30) / 60, 2))"; }
+nvidia-smi --query-gpu=name,clocks.max.sm,driver_version,memory.total --format=csv > $R/gpu.txt
+python3 -c "import torch,triton;print(torch.__version__,triton.__version__)" >> $R/gpu.txt
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$GPU"
+for stage in "$@"; do
+  L=$(left); [ "$L" -lt 45 ] && { echo "skip $stage: $L s left"; continue; }
+  echo "== $stage at $(( $(date +%s) - START )) s, $L s left"
+  case $stage in
+    ceiling200)
+      case "$GPU" in *H200*) ;; *) echo "not an H200: no ceiling"; continue;; esac
+      timeout $L python3 -m gnn_policy.benchmarks.ceiling --db /tmp/c.sqlite --load docs/data/ceiling --configs 24 \
+        --named triton_tutorial --named inductor_mm --refine-top 2 --variant ptr --variant tma --variant subtile \
+        --variant streamk --variant persistent --time-limit $(mins $(( L - 40 < 360 ? L - 40 : 360 ))) --timeout 10 --shard-dir $R/c \
+        --json $R/ceiling.json --markdown $R/ceiling.md > $R/ceiling.log 2>&1 ;;
+    ncu)
+      timeout $(( L < 150 ? L : 150 )) ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 -m gnn_policy.benchmarks.profile_launch \
+        1x1000x1000x1000_bf16_rr:bm128_bn128_bk64_sk1_gm8_w4_s4_tma \
+        1x1000x1000x1000_bf16_rr:bm64_bn128_bk128_sk1_gm4_w4_s3_streamk \
+        1x256x4544x4544_bf16_rc:bm128_bn128_bk64_sk1_gm8_w4_s6_tma \
+        1x256x4544x4544_bf16_rc:bm128_bn128_bk64_sk1_gm4_w4_s6_streamk > $R/ncu.log 2>&1 ;;
+    picks)
+      case "$GPU" in *H100*) ;; *) echo "not an H100: no random-test picks"; continue;; esac
+      timeout $(( L < 240 ? L : 240 )) python3 -m gnn_policy.cli sweep --db /tmp/s.sqlite --split random-test --problems 80 \
+        --configs 200 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit 3.2 --timeout 10 \
+        --shard-dir $R/s > $R/picks.log 2>&1 ;;
+    e2e)
+      timeout $L python3 -m gnn_policy.benchmarks.model_e2e --out $R/e2e --time-limit $(mins $((L-120))) > $R/e2e.log 2>&1 ;;
+    adapter)
+      timeout $(( L < 200 ? L : 200 )) python3 -m gnn_policy.benchmarks.adapter_bench --out $R/adapter > $R/adapter.log 2>&1 ;;
+    collect)
+      timeout $L python3 -m gnn_policy.cli collect --db /tmp/r.sqlite --split random-train --problems 2500 --configs 100 \
+        --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial --named inductor_mm \
+        --time-limit $(mins $((L-50))) --timeout 10 --compile-timeout 60 --shard-dir $R/t > $R/collect.log 2>&1 ;;
+  esac
+  echo "   rc $?"
+done
+echo "== tar at $(( $(date +%s) - START )) s"
+tar czf $OUT/results.tgz -C $R .
