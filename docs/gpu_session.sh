@@ -36,7 +36,7 @@ for stage in "$@"; do
     picks)
       case "$GPU" in *H100*) ;; *) echo "not an H100: no random-test picks"; continue;; esac
       timeout $(( L < 240 ? L : 240 )) python3 -m gnn_policy.cli sweep --db /tmp/s.sqlite --split random-test --problems 80 \
-        --configs 200 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit 3.2 --timeout 10 \
+        --configs 200 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit $(mins $(( L < 240 ? L - 40 : 200 ))) --timeout 10 \
         --shard-dir $R/s > $R/picks.log 2>&1 ;;
     e2e)
       timeout $L python3 -m gnn_policy.benchmarks.model_e2e --out $R/e2e --time-limit $(mins $((L-120))) > $R/e2e.log 2>&1 ;;
