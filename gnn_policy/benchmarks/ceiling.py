@@ -73,7 +73,8 @@ def sweep_configs(problem: GemmProblem, variant: str, count: int, gpu, seed: int
     seeds = [dataclasses.replace(c, variant=variant) for name in named for c in named_list(name)]
     seeds = [c for c in dict.fromkeys(seeds) if _fits(c, problem) and not violations(c, gpu, problem.dtype, problem.k)]
     rest = [c for c in _order(variant, gpu, problem.dtype, seed) if _fits(c, problem)][:count]
-    return seeds + [c for c in rest if c not in set(seeds)]
+    seeded = set(seeds)
+    return seeds + [c for c in rest if c not in seeded]
 
 
 _ORDERS: dict = {}
