@@ -15,7 +15,7 @@ from gnn_policy.measure.result import Measurement
 from gnn_policy.search import valid_configs
 from gnn_policy.space import NAMED_LISTS, space
 from hardware_specs.features import GpuVocab
-from training.datamodule import MeasurementDataModule, share_key
+from training.datamodule import MeasurementDataModule, share_key, thin_configs
 from training.dataset import NAMED_KEYS, load_samples
 from training.imported import Demonstration
 
@@ -123,3 +123,40 @@ def test_train_share_keeps_the_same_problems_and_train_on_val_adds_val(tmp_path)
     assert not {s.problem.key for s in both.samples["train"]} & keys_of("test", "random-test")
     with pytest.raises(ValueError, match=r"train_share must be in \(0, 1\], got 1.5"):
         _data(tmp_path / "m.sqlite", train_share=1.5)
+
+
+def test_train_config_share_thins_every_training_problem_the_same_way_and_leaves_val_whole(tmp_path):
+    split_rows(tmp_path / "m.sqlite")
+    full = _data(tmp_path / "m.sqlite")
+    rows = {s.problem.key: s for s in full.samples["train"]}
+    half, again = (_data(tmp_path / "m.sqlite", train_config_share=0.5) for _ in range(2))
+    assert {s.problem.key for s in half.samples["train"]} == set(rows)  # every problem stays
+    for s in half.samples["train"]:
+        whole = rows[s.problem.key]
+        assert len(s.configs) == round(len(whole.configs) / 2)
+        # the kept rows are rows of the problem, each with its own TFLOP/s and weight
+        pairs = {tuple(c.tolist()): (t.item(), w.item())
+                 for c, t, w in zip(whole.configs, whole.log_tflops, whole.weights)}
+        assert all(pairs[tuple(c.tolist())] == (t.item(), w.item())
+                   for c, t, w in zip(s.configs, s.log_tflops, s.weights))
+    # the same rows every time: a hash of problem and config, not a random draw
+    assert [s.configs.tolist() for s in half.samples["train"]] == [s.configs.tolist() for s in again.samples["train"]]
+    assert [len(s.configs) for s in half.samples["val"]] == [len(s.configs) for s in full.samples["val"]]
+    with pytest.raises(ValueError, match=r"train_config_share must be in \(0, 1\], got 0"):
+        _data(tmp_path / "m.sqlite", train_config_share=0)
+
+
+def test_thin_configs_keeps_at_least_one_config_and_thins_the_failures_alike():
+    import torch
+    from training.dataset import Sample
+
+    p = GemmProblem(64, 256, 256)
+    sample = Sample(problem=p, gpu=H200.name, graph=None, configs=torch.arange(30).reshape(10, 3),
+                    log_tflops=torch.arange(10.0), failed=torch.arange(12).reshape(4, 3) + 100,
+                    weights=torch.ones(10))
+    tenth = thin_configs(sample, 0.01)
+    assert len(tenth.configs) == 1 and len(tenth.failed) == 0
+    half = thin_configs(sample, 0.5)
+    assert len(half.configs) == 5 and len(half.failed) == 2 and half.failed.shape[1] == 3
+    assert set(map(tuple, half.failed.tolist())) <= set(map(tuple, sample.failed.tolist()))
+    assert thin_configs(sample, 1.0).configs.tolist() == sample.configs.tolist()

@@ -128,7 +128,7 @@ def test_the_weight_average_is_what_validates_and_ships(tmp_path):
     assert raw.keys() == ema.keys() and any(not torch.equal(raw[k], ema[k]) for k in raw)
 
 
-def test_train_share_and_train_on_val_change_the_training_set_and_the_card_says_so(tmp_path):
+def test_train_share_config_share_and_train_on_val_change_the_training_set_and_the_card_says_so(tmp_path):
     from training.pretrain import share_flag
 
     _fake_db(tmp_path / "m.sqlite")
@@ -137,9 +137,13 @@ def test_train_share_and_train_on_val_change_the_training_set_and_the_card_says_
     full = run(args)["data"]
     half = run(dataclasses.replace(args, train_share=0.5, out=str(tmp_path / "half")))
     both = run(dataclasses.replace(args, train_on_val=True, out=str(tmp_path / "both")))["data"]
+    thin = run(dataclasses.replace(args, train_config_share=0.5, out=str(tmp_path / "thin")))
     assert full["train"]["problems"] == 6 and full["val"]["problems"] == 3
     assert 0 < half["data"]["train"]["problems"] < 6 and half["args"]["train_share"] == 0.5
     assert both["train"]["problems"] == 9 and both["train"]["problems_by_split"] == {"train": 6, "val": 3}
+    assert thin["data"]["train"]["problems"] == 6 and thin["args"]["train_config_share"] == 0.5
+    assert 0 < thin["data"]["train"]["measured_configs"] < full["train"]["measured_configs"]
+    assert thin["data"]["val"]["measured_configs"] == full["val"]["measured_configs"]
     for bad, message in (("1.5", "at most 1"), ("0", "more than 0")):
         with pytest.raises(Exception, match=message):
             share_flag(bad)

@@ -42,10 +42,10 @@ def ema_decay_flag(text: str) -> float:
 
 
 def share_flag(text: str) -> float:
-    """--train-share: a share in (0, 1]."""
+    """--train-share, --train-config-share: a share in (0, 1]."""
     value = positive(text)
     if value > 1:
-        raise argparse.ArgumentTypeError(f"must be at most 1 (a share of the training problems), got {text}")
+        raise argparse.ArgumentTypeError(f"must be at most 1 (a share), got {text}")
     return value
 
 
@@ -90,6 +90,9 @@ class PretrainArgs:
                             check=ema_decay_flag)
     train_share: float = flag(1.0, "share of the training problems kept, chosen by a stable hash of the problem "
                                    "(a learning curve; 1: all)", check=share_flag)
+    train_config_share: float = flag(1.0, "share of each training problem's measured configs kept, chosen by a "
+                                          "stable hash (against --train-share: fewer configs on more problems; "
+                                          "1: all)", check=share_flag)
     train_on_val: bool = flag(False, "also train on the val problems: the final retrain of a recipe chosen on val "
                                      "(the logged val figures are then training figures)")
     seed: int = flag(0, "seed of weights, shuffling and GPU-embedding dropout")
@@ -136,6 +139,7 @@ def run(args: PretrainArgs) -> dict | None:
     data = MeasurementDataModule(args.db, args.gpus, space(model_config.space), GpuVocab(model_config.gpu_names),
                                  batch_size=args.batch_size // args.devices, demos=demos,
                                  named_weight=args.named_weight, train_share=args.train_share,
+                                 train_config_share=args.train_config_share,
                                  train_on_val=args.train_on_val)
     module = PolicyModule(model_config, lr=args.lr, temperature=args.temperature,
                           regression_weight=args.regression_weight, cost_listwise_weight=args.cost_listwise,
