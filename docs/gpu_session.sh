@@ -5,7 +5,8 @@
 # written to $OUT/results.tgz (a call returns at most 8 files): BUDGET seconds in all, 20 kept for
 # the tar. Stages: ceiling200 (issue 18's ceiling, on an H200 only), ncu (streamk against tma on
 # 1000^3 and 256x4544x4544), picks (the default's top 8 on the H100's random-test, an H100 only),
-# e2e and adapter (issue 21's benchmarks), collect (random-train, resumes from the shipped shards).
+# e2e and adapter (issue 21's benchmarks), wsprobe (warp specialisation with device-side tensor maps),
+# collect (random-train, resumes from the shipped shards).
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
 START=$(date +%s); BUDGET=${BUDGET:-570}
@@ -42,6 +43,9 @@ for stage in "$@"; do
       timeout $L python3 -m gnn_policy.benchmarks.model_e2e --out $R/e2e --time-limit $(mins $((L-120))) > $R/e2e.log 2>&1 ;;
     adapter)
       timeout $(( L < 200 ? L : 200 )) python3 -m gnn_policy.benchmarks.adapter_bench --out $R/adapter > $R/adapter.log 2>&1 ;;
+    wsprobe)
+      timeout $(( L < 330 ? L : 330 )) python3 -m gnn_policy.benchmarks.warpspec_probe --out $R/probe.jsonl \
+        --markdown $R/probe.md --timeout 90 > $R/probe.log 2>&1 ;;
     collect)
       timeout $L python3 -m gnn_policy.cli collect --db /tmp/r.sqlite --split random-train --problems 2500 --configs 100 \
         --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial --named inductor_mm \
