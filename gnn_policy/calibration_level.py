@@ -28,8 +28,9 @@ from hardware_specs import GpuSpec
 from gnn_policy.calibration import calibrated, roofline_tflops
 from gnn_policy.cost_features import leading_dims
 
-# chosen on val (H100 random-val and H200 val) among 1 and 30; docs/BENCHMARKS.md
-RIDGE = 30.0
+# chosen on val (H100 random-val and H200 val) for the default of 2026-12-06 among 0.1-100
+# (`calibrate --ridge`); flat from 0.1 to 5, worse from 30 (docs/BENCHMARKS.md)
+RIDGE = 3.0
 SHAPE_FIELDS = ("log_m", "log_n", "log_k", "log_batch", "a_col", "b_col", "bf16", "bias", "activation", "residual",
                 *(f"{lead}_mod{d}" for lead in ("a_lead", "b_lead", "n") for d in (2, 8, 16, 64)),
                 *(f"{dim}_mod{d}" for dim in "mnk" for d in (16, 128)),

@@ -24,6 +24,7 @@ import torch
 
 import hardware_specs
 from graphs.classes import ROLES, split_of
+from gnn_policy.args import at_least
 from gnn_policy.calibration import Calibration, errors, fit, path_for, roofline_tflops
 from gnn_policy.calibration_level import RIDGE, SHAPE_FIELDS, fit_level, level_features
 from gnn_policy.database import Database
@@ -59,18 +60,19 @@ def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, to
     return rows
 
 
-def report(rows: list[dict]) -> dict:
-    """The level fit on every GPU's training rows (`calibration_level.fit_level`) and, per GPU,
-    its figures raw, capped, with its own line alone (`calibration.fit`, no level) and calibrated."""
+def report(rows: list[dict], ridge: float = RIDGE) -> dict:
+    """The level fit on every GPU's training rows (`calibration_level.fit_level` with `ridge`) and,
+    per GPU, its figures raw, capped, with its own line alone (`calibration.fit`, no level) and
+    calibrated."""
     train = [r for r in rows if r["split"] in ROLES["train"]]
     for gpu in sorted({r["gpu"] for r in rows}):
         mine, held = [r for r in train if r["gpu"] == gpu], [r for r in rows if r["gpu"] == gpu and _held(r)]
         if not mine or not held:
             raise SystemExit(f"need rows of the training role ({', '.join(ROLES['train'])}) and of a held-out split "
                              f"({', '.join(ROLES['val'] + ROLES['test'])}) on {gpu}; got {len(mine)} and {len(held)}")
-    lines, level = fit_level(train)
+    lines, level = fit_level(train, ridge)
     weights = tuple(round(w, 6) for w in level)
-    out = {"level": {"fields": list(SHAPE_FIELDS) + ["context"], "ridge": RIDGE, "weights": list(weights)}, "gpus": {}}
+    out = {"level": {"fields": list(SHAPE_FIELDS) + ["context"], "ridge": ridge, "weights": list(weights)}, "gpus": {}}
     for gpu, (intercept, slope) in lines.items():
         mine = [r for r in rows if r["gpu"] == gpu]
         own = [r for r in mine if r["split"] in ROLES["train"]]
@@ -104,16 +106,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     ap.add_argument("--gpu", default="h200", help="GPU spec names, separated by commas")
     ap.add_argument("--top", type=int, default=8, help="configs per problem, the cost head's favourites")
+    ap.add_argument("--ridge", type=at_least(0.0, float), default=RIDGE,
+                    help="ridge on the standardised level features (choose it on the val splits)")
+    ap.add_argument("--no-write", action="store_true", help="print the figures only (a scan of --ridge)")
     ns = ap.parse_args(argv)
     policy = Policy.load(ns.checkpoint)
     with Database(ns.db) as db:
         load_shipped(db)
         rows = [r for name in ns.gpu.split(",") for r in favourite_rows(policy, db, hardware_specs.load(name), ns.top)]
-    out = {"checkpoint": ns.checkpoint.name, "top": ns.top, **report(rows)}
+    out = {"checkpoint": ns.checkpoint.name, "top": ns.top, **report(rows, ns.ridge)}
     summary = {gpu: {part: fig["calibrated"] for part, fig in [("held_out", g["held_out"]), *g["by_split"].items()]}
                for gpu, g in out["gpus"].items()}
     print(json.dumps(summary, indent=1))
-    path_for(ns.checkpoint).write_text(json.dumps(out, indent=1) + "\n")
+    if not ns.no_write:
+        path_for(ns.checkpoint).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
