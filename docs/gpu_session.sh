@@ -6,7 +6,9 @@
 # the tar. Stages: ceiling200 (issue 18's ceiling, on an H200 only), ncu (streamk against tma on
 # 1000^3 and 256x4544x4544), picks (the default's top 8 on the H100's random-test, an H100 only),
 # e2e and adapter (issue 21's benchmarks), wsprobe (warp specialisation with device-side tensor maps),
-# collect (random-train, resumes from the shipped shards).
+# wstrial (the warpspec variant's GPU correctness trial with its hang rule lifted), wsceiling (its
+# ceiling on the first 15 shapes, only after a trial without a hung or failed case), collect
+# (random-train, resumes from the shipped shards).
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
 START=$(date +%s); BUDGET=${BUDGET:-570}
@@ -46,6 +48,16 @@ for stage in "$@"; do
     wsprobe)
       timeout $(( L < 330 ? L : 330 )) python3 -m gnn_policy.benchmarks.warpspec_probe --out $R/probe.jsonl \
         --markdown $R/probe.md --timeout 90 > $R/probe.log 2>&1 ;;
+    wstrial)
+      GNN_POLICY_GPU_CASE_TIMEOUT=10 GNN_POLICY_GPU_VARIANT_CASES=160 GNN_POLICY_GPU_REPORT=$R/cases.json \
+        timeout $(( L < 300 ? L : 300 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernel_gpu.py \
+        -k warpspec_trial > $R/wstrial.log 2>&1 ;;
+    wsceiling)
+      grep -q "1 passed" $R/wstrial.log 2>/dev/null || { echo "no passed warpspec trial: no ceiling"; continue; }
+      GNN_POLICY_LIFT_RULES=warpspec-hang timeout $L python3 -m gnn_policy.benchmarks.ceiling --db /tmp/w.sqlite \
+        --load docs/data/ceiling --shapes 15 --configs 24 --named triton_tutorial --named inductor_mm --refine-top 2 \
+        --variant warpspec --time-limit $(mins $(( L - 40 < 300 ? L - 40 : 300 ))) --timeout 10 --shard-dir $R/w \
+        --json $R/wsceiling.json --markdown $R/wsceiling.md > $R/wsceiling.log 2>&1 ;;
     collect)
       timeout $L python3 -m gnn_policy.cli collect --db /tmp/r.sqlite --split random-train --problems 2500 --configs 100 \
         --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial --named inductor_mm \

@@ -11,11 +11,28 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 from typing import Any, Iterator
 
 from hardware_specs import GpuSpec
 from gnn_policy.tile_config import (DTYPE_BYTES, PERSISTENT_VARIANTS, TMA_VARIANTS, VARIANTS,  # noqa: F401
                                     TileConfig, accumulators_per_thread, pipeline_smem)
+
+# Rules that refuse a variant until a GPU trial shows it runs: `GNN_POLICY_LIFT_RULES=warpspec-hang`
+# lifts them for that trial (the GPU test's worker processes read it), and for nothing else.
+LIFTABLE_RULES = frozenset({"warpspec-hang"})
+
+
+def lifted_rules(text: str) -> frozenset[str]:
+    """The rules named in GNN_POLICY_LIFT_RULES (comma-separated); a rule not in LIFTABLE_RULES is an error."""
+    names = frozenset(filter(None, (x.strip() for x in text.split(","))))
+    if names - LIFTABLE_RULES:
+        raise ValueError(f"GNN_POLICY_LIFT_RULES: {', '.join(sorted(names - LIFTABLE_RULES))} cannot be lifted; "
+                         f"only {', '.join(sorted(LIFTABLE_RULES))} (rules awaiting a GPU trial)")
+    return names
+
+
+LIFTED_RULES = lifted_rules(os.environ.get("GNN_POLICY_LIFT_RULES", ""))
 
 # The accumulator lives in registers: past this many fp32 values per thread ptxas spills.
 # Measured on the H200 (triton 3.6, bf16): every config with more spilled, none with fewer.
@@ -69,7 +86,7 @@ def violations(config: TileConfig, gpu: GpuSpec, dtype: str, k: int | None = Non
     if k is not None and not fits_k(config, k):
         out.append(Violation("split_k", f"SPLIT_K={config.split_k} exceeds the "
                              f"{math.ceil(k / config.block_k)} BLOCK_K={config.block_k} tiles of K={k}"))
-    return out
+    return [v for v in out if v.rule not in LIFTED_RULES]
 
 
 def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list[Violation]:
@@ -79,11 +96,15 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
         # Measured (docs/BENCHMARKS.md, "Warp specialisation on Hopper"): on the H200,
         # 1x100x128x1024 bf16 at bm256_bn16_bk16_w4_s5 never returned; on the H100,
         # 2x1000x1000x1000 bf16 at bm128_bn64_bk64_w4_s3 never returned, 19 random cases did
-        # not finish in 170 s, and the GPU then refused the next process.
-        # Triton disabled its own Hopper warp-specialised tutorial kernel (triton-lang/triton#7108).
+        # not finish in 170 s, and the GPU then refused the next process. The cause, found in
+        # the compiled TTGIR on the CPU: host-side tensor maps, whose box Triton 3.6 kept when it
+        # halved the copies for two consumers. The maps are now made in the kernel
+        # (benchmarks.cpu_compile finds no such copy left); the rule stays until a GPU trial
+        # (`GNN_POLICY_LIFT_RULES=warpspec-hang`, tests/test_kernel_gpu.py) shows none hangs.
         if gpu.compute_capability.startswith("9."):
-            out.append(Violation("warpspec-hang", "Triton 3.6's warp specialisation hangs this template's "
-                                 "kernels on Hopper (sm_90); the persistent variant runs the same loop"))
+            out.append(Violation("warpspec-hang", "Triton 3.6's warp specialisation hung this template's "
+                                 "kernels on Hopper (sm_90) and awaits a GPU trial of its fix; the "
+                                 "persistent variant runs the same loop"))
         # Triton's Hopper pass specialises only 4-warp kernels whose tile splits into two
         # 64-row halves; others compile unspecialised, i.e. as the `persistent` variant.
         if config.num_warps != 4:

@@ -8,6 +8,7 @@ record of what ran, and beside it `<path>.progress.jsonl`, one line per case as 
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -82,10 +83,21 @@ def test_random_cases_are_correct_or_rejected_up_front():
 
 @pytest.mark.parametrize("variant,seed", [("persistent", 99), ("subtile", 98), ("streamk", 97)])
 def test_persistent_variant_is_correct_or_rejected_up_front(variant, seed):
-    """`warpspec` is not here: its rules refuse it on Hopper, where it hangs."""
     report = os.environ.get("GNN_POLICY_GPU_REPORT")
     _check_cases(_random_cases(VARIANT_CASES, hardware_specs.detect(), variant, seed=seed),
                  report and report.replace(".json", f"_{variant}.json"))
+
+
+def test_warpspec_trial_with_the_hang_rule_lifted(monkeypatch):
+    """The GPU trial that decides whether the `warpspec-hang` rule can go: the variant's random
+    cases with the rule lifted, here and in the measuring workers (kernels/persistent.py says
+    why its maps are now made in the kernel). A hang is a `hung` case and fails the test."""
+    space_module = importlib.import_module("gnn_policy.space")
+    monkeypatch.setenv("GNN_POLICY_LIFT_RULES", "warpspec-hang")
+    monkeypatch.setattr(space_module, "LIFTED_RULES", frozenset({"warpspec-hang"}))
+    report = os.environ.get("GNN_POLICY_GPU_REPORT")
+    _check_cases(_random_cases(VARIANT_CASES, hardware_specs.detect(), "warpspec", seed=96),
+                 report and report.replace(".json", "_warpspec.json"))
 
 
 def _refused(problem: GemmProblem, config: TileConfig, gpu) -> bool:

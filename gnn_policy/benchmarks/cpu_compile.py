@@ -5,7 +5,10 @@ Triton's compiler runs on the CPU; only loading a kernel needs the GPU. The argu
 specialised as a launch would specialise them (dtype, 16-byte divisibility of sizes, strides
 and pointers, TMA descriptors), so a config that aborts here aborts there: on the H200,
 Triton 3.6 killed its process compiling warp-specialised 64x256 tiles, and this reproduced it.
-Aborted compiles cost one job each (`CompilePool`), never the run.
+Aborted compiles cost one job each (`CompilePool`), never the run. A compiled kernel whose TMA
+copies land in buffers of another size than the tensor map's box is a `tma_box_mismatch`: its
+barrier waits for bytes that never come, and such kernels hung on the H100 and the H200
+(`warpspec` with host-side maps, docs/BENCHMARKS.md).
 
     python -m gnn_policy.benchmarks.cpu_compile --variant persistent --configs 200 --shapes 8 --out cc.jsonl
     python -m gnn_policy.benchmarks.cpu_compile --problem 1x4096x4096x4096_bf16_rr \
@@ -15,12 +18,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import time
 from collections import Counter
 
 from gnn_policy.measure.compile import CompilePool, CompileResult
 
 TARGET = ("cuda", 90, 32)  # the H200's compute capability and warp size
+_COPY = re.compile(r"!tt\.tensordesc<tensor<([0-9x]+)x\w+.*-> !ttg\.memdesc<([0-9x]+)x\w+")
+
+
+def tma_box_mismatches(ttgir: str) -> list[str]:
+    """The TMA loads of a compiled kernel (its TTGIR) that copy a tensor map's box into a
+    shared-memory buffer of another number of elements, as 'box -> buffer'."""
+    out = []
+    for line in ttgir.splitlines():
+        if "async_tma_copy_global_to_local" in line and (found := _COPY.search(line)):
+            box, buffer = found.groups()
+            if math.prod(map(int, box.split("x"))) != math.prod(map(int, buffer.split("x"))):
+                out.append(f"{box} -> {buffer}")
+    return out
 
 
 def compile_sm90(job: tuple) -> CompileResult:
@@ -47,6 +65,8 @@ def compile_sm90(job: tuple) -> CompileResult:
         compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
                                   options=options.__dict__)
         status, error = "ok", f"smem={compiled.metadata.shared} warps={compiled.metadata.num_warps}"
+        if mismatched := tma_box_mismatches(compiled.asm["ttgir"]):
+            status, error = "tma_box_mismatch", f"{error}; TMA box into a buffer of another size: {', '.join(mismatched)}"
     except LayoutError as exc:
         status, error = "invalid", str(exc)
     except Exception as exc:  # noqa: BLE001 - a compiler error is the finding

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 import torch
+import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gnn_policy.kernels.matmul import ACTIVATIONS, even_k, grid, matmul_kernel, workspace_shape
@@ -41,13 +42,25 @@ def _operand(t: torch.Tensor, batch: int) -> Operand:
     return Operand(t, batch_stride if batch > 1 else 0, t.stride(-2), t.stride(-1))
 
 
-def _descriptor(name: str, op: Operand, block_rows: int, block_cols: int,
-                batch: int) -> tuple[TensorDescriptor, int]:
-    """A 2-D tensor map over the operand's contiguous layout, batches folded into rows.
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """A 2-D tensor map over an operand: [rows, cols] with cols contiguous, batches folded into
+    rows, read in boxes of `box`. Built on the host (`host`) for every TMA variant but
+    `warpspec`, which builds it in the kernel from these fields (see kernels/persistent.py)."""
 
-    The map is always [rows, cols] with cols contiguous, so a transposed operand is described
-    through its transpose. Returns the descriptor and the row offset of one batch.
-    """
+    tensor: torch.Tensor
+    rows: int
+    cols: int
+    row_stride: int
+    box: tuple[int, int]
+
+    def host(self) -> TensorDescriptor:
+        return TensorDescriptor(self.tensor, [self.rows, self.cols], [self.row_stride, 1], list(self.box))
+
+
+def _descriptor(name: str, op: Operand, block_rows: int, block_cols: int, batch: int) -> tuple[TensorMap, int]:
+    """The operand's tensor map, a transposed operand described through its transpose, and the
+    row offset of one batch in it."""
     t = op.tensor
     if op.stride_inner == 1:
         rows, cols, row_stride = t.shape[-2], t.shape[-1], op.stride_outer
@@ -63,8 +76,21 @@ def _descriptor(name: str, op: Operand, block_rows: int, block_cols: int,
         raise LayoutError(Violation("tma-batch-stride", (
             f"{name}'s batches are not contiguous rows (batch stride {op.batch_stride}, "
             f"expected {rows * row_stride}); use variant='ptr'")))
-    desc = TensorDescriptor(t, [folded * rows, cols], [row_stride, 1], [block_rows, block_cols])
-    return desc, (rows if folded > 1 else 0)
+    return TensorMap(t, folded * rows, cols, row_stride, (block_rows, block_cols)), (rows if folded > 1 else 0)
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Tensor maps made in a kernel live in global scratch that Triton asks the caller's
+    allocator for at launch: install one on torch's caching allocator (on the current device),
+    unless the caller has set their own."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 _COUNTERS: dict[tuple[torch.device, int, bool], torch.Tensor] = {}
@@ -143,10 +169,10 @@ def _tma_args(config: TileConfig, pa: Operand, pb: Operand, k: int, batch: int) 
     b_kmaj = _k_major("B", pb, -2)
     a_box = (config.block_m, config.block_k) if a_kmaj else (config.block_k, config.block_m)
     b_box = (config.block_n, config.block_k) if b_kmaj else (config.block_k, config.block_n)
-    a_desc, a_rows = _descriptor("A", pa, *a_box, batch)
-    b_desc, b_rows = _descriptor("B", pb, *b_box, batch)
+    a_map, a_rows = _descriptor("A", pa, *a_box, batch)
+    b_map, b_rows = _descriptor("B", pb, *b_box, batch)
     tail = k % config.block_k != 0
-    return dict(a_desc=a_desc, b_desc=b_desc, a_rows=a_rows, b_rows=b_rows, A_K_MAJOR=a_kmaj,
+    return dict(a_map=a_map, b_map=b_map, a_rows=a_rows, b_rows=b_rows, A_K_MAJOR=a_kmaj,
                 B_K_MAJOR=b_kmaj, MASK_A_K=tail and not a_kmaj and a_rows > 0,
                 MASK_B_K=tail and not b_kmaj and b_rows > 0)
 
@@ -164,7 +190,7 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
     c = torch.empty(out_shape, device=a.device, dtype=a.dtype) if out is None else out
     pa, pb = _operand(a, batch), _operand(b, batch)
     c3 = c.view(batch, m, n)
-    t = dict(a_desc=None, b_desc=None, a_rows=0, b_rows=0, A_K_MAJOR=True, B_K_MAJOR=False,
+    t = dict(a_map=None, b_map=None, a_rows=0, b_rows=0, A_K_MAJOR=True, B_K_MAJOR=False,
              MASK_A_K=False, MASK_B_K=False)
     if config.variant in TMA_VARIANTS:
         t = _tma_args(config, pa, pb, k, batch)
@@ -188,15 +214,18 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
                 TMA_STORE=0 if c_desc is None else 2 if config.variant == "subtile" else 1,
                 DOT_PRECISION=_dot_precision(a),
                 num_warps=config.num_warps, num_stages=config.num_stages)
-    descs = (t.pop("a_desc"), t.pop("b_desc"))
+    maps = (t.pop("a_map"), t.pop("b_map"))
+    device_maps = config.variant == "warpspec"
+    descs = tuple(None if x is None else x.tensor if device_maps else x.host() for x in maps)
     rows = (t.pop("a_rows"), t.pop("b_rows"), c_rows)
     if config.variant == "streamk":
         args = (*descs, c3, c_desc, *epilogue, m, n, k, batch, 1, 0, 1, 1, *c3.stride(), *rs, *rows)
         meta.pop("SPLIT_K")
         return streamk_kernel, c, (1,), args, dict(meta, **t)
     if config.variant in PERSISTENT_VARIANTS:
-        args = (*descs, c3, c_desc, *epilogue, m, n, k, batch, 1, *c3.stride(), *rs, *rows)
-        meta.update(WARP_SPECIALIZE=config.variant == "warpspec", **t)
+        map_args = tuple(v for x in maps for v in ((x.rows, x.cols, x.row_stride) if device_maps else (0, 0, 0)))
+        args = (*descs, c3, c_desc, *epilogue, m, n, k, batch, 1, *c3.stride(), *rs, *rows, *map_args)
+        meta.update(WARP_SPECIALIZE=device_maps, DEVICE_DESC=device_maps, **t)
         return persistent_kernel, c, (1,), args, meta
     args = (a, b, *descs, c3, c_desc, *epilogue, m, n, k, pa.batch_stride, a.stride(-2),
             a.stride(-1), pb.batch_stride, b.stride(-2), b.stride(-1), *c3.stride(), *rs, *rows)
@@ -272,6 +301,8 @@ def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.
 
 
 def _run(kernel, g, args, meta, config, device, programs):
+    if meta.get("DEVICE_DESC") and device.type == "cuda":
+        ensure_allocator()
     if kernel is persistent_kernel:
         args, g = _programs(kernel, args, meta, config, device, programs)
     elif kernel is streamk_kernel:

@@ -16,8 +16,12 @@ Three variants share this kernel:
   (`tl.range(..., warp_specialize=True)`): a 4-warp kernel becomes a producer warp group that
   issues the TMA loads and two consumer warp groups that split the tile's rows, run the MMAs
   and the epilogue (12 warps, registers moved to the consumers with `setmaxnreg`), the
-  structure of cuBLAS's Hopper kernels. The consumers store C with pointer stores: a TMA
-  store of the whole tile from a half-tile partition does not compile.
+  structure of cuBLAS's Hopper kernels. The consumers store C with pointer stores. Its A and B
+  tensor maps are made in the kernel (`DEVICE_DESC`), not passed from the host: splitting the
+  tile halves each TMA copy's destination, and Triton 3.6 re-derives the box of a map made in
+  the kernel but keeps a host map's, so a 128x64 box was copied into a 64x64 buffer whose
+  barrier waited for half the bytes (seen in the compiled TTGIR; triton-lang/triton#11587),
+  which is how the host-map kernels hung on the H100 and the H200.
 
 `streamk_kernel` is the fourth, `streamk`: each program takes an equal run of the (tile, K tile)
 iterations, so a GEMM of fewer tiles than SMs (M of 100-300, N and K in the thousands) or a last
@@ -42,13 +46,25 @@ def persistent_kernel(
         a_desc, b_desc, c_ptr, c_desc, bias_ptr, res_ptr, ws_ptr, lock_ptr,
         M, N, K, batch, num_programs,
         stride_cb, stride_cm, stride_cn, stride_rb, stride_rm, stride_rn,
-        a_desc_rows, b_desc_rows, c_desc_rows,
+        a_desc_rows, b_desc_rows, c_desc_rows, a_map_rows, a_map_cols, a_map_stride,
+        b_map_rows, b_map_cols, b_map_stride,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
         A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, MASK_A_K: tl.constexpr,
         MASK_B_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr, TMA_STORE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr):
+        WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr):
+    if DEVICE_DESC:
+        # a_desc and b_desc are the operands' first elements; the maps are launch's, [rows, cols]
+        # with cols contiguous and the batches folded into rows
+        if A_K_MAJOR:
+            a_desc = tl.make_tensor_descriptor(a_desc, [a_map_rows, a_map_cols], [a_map_stride, 1], [BLOCK_M, BLOCK_K])
+        else:
+            a_desc = tl.make_tensor_descriptor(a_desc, [a_map_rows, a_map_cols], [a_map_stride, 1], [BLOCK_K, BLOCK_M])
+        if B_K_MAJOR:
+            b_desc = tl.make_tensor_descriptor(b_desc, [b_map_rows, b_map_cols], [b_map_stride, 1], [BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_desc, [b_map_rows, b_map_cols], [b_map_stride, 1], [BLOCK_K, BLOCK_N])
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
