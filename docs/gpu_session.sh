@@ -49,7 +49,7 @@ for stage in "$@"; do
       timeout $(( L < 330 ? L : 330 )) python3 -m gnn_policy.benchmarks.warpspec_probe --out $R/probe.jsonl \
         --markdown $R/probe.md --timeout 90 > $R/probe.log 2>&1 ;;
     wstrial)
-      GNN_POLICY_GPU_CASE_TIMEOUT=10 GNN_POLICY_GPU_VARIANT_CASES=160 GNN_POLICY_GPU_REPORT=$R/cases.json \
+      GNN_POLICY_GPU_TRIAL_CASES=160 GNN_POLICY_GPU_REPORT=$R/cases.json \
         timeout $(( L < 300 ? L : 300 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernel_gpu.py \
         -k warpspec_trial > $R/wstrial.log 2>&1 ;;
     wsceiling)

@@ -33,6 +33,7 @@ from gnn_policy.measure.workers import ProblemSetupError, WorkerPool  # noqa: E4
 CASES = int(os.environ.get("GNN_POLICY_GPU_CASES", "480"))
 VARIANT_CASES = int(os.environ.get("GNN_POLICY_GPU_VARIANT_CASES", "320"))
 CASE_TIMEOUT = float(os.environ.get("GNN_POLICY_GPU_CASE_TIMEOUT", "30"))  # seconds to check and time one case
+TRIAL_CASES = int(os.environ.get("GNN_POLICY_GPU_TRIAL_CASES", "120"))  # the warpspec trial's
 DIMS = (1, 7, 16, 33, 64, 100, 128, 255, 256, 1000, 1024, 2048)
 
 
@@ -88,17 +89,6 @@ def test_persistent_variant_is_correct_or_rejected_up_front(variant, seed):
                  report and report.replace(".json", f"_{variant}.json"))
 
 
-def test_warpspec_trial_with_the_hang_rule_lifted(monkeypatch):
-    """The GPU trial that decides whether the `warpspec-hang` rule can go: the variant's random
-    cases with the rule lifted, here and in the measuring workers (kernels/persistent.py says
-    why its maps are now made in the kernel). A hang is a `hung` case and fails the test."""
-    space_module = importlib.import_module("gnn_policy.space")
-    monkeypatch.setenv("GNN_POLICY_LIFT_RULES", "warpspec-hang")
-    monkeypatch.setattr(space_module, "LIFTED_RULES", frozenset({"warpspec-hang"}))
-    report = os.environ.get("GNN_POLICY_GPU_REPORT")
-    _check_cases(_random_cases(VARIANT_CASES, hardware_specs.detect(), "warpspec", seed=96),
-                 report and report.replace(".json", "_warpspec.json"))
-
 
 def _refused(problem: GemmProblem, config: TileConfig, gpu) -> bool:
     return not config_fits(config, gpu, problem)
@@ -121,7 +111,8 @@ def _run_case(pool: WorkerPool, problem: GemmProblem, config: TileConfig, gpu, s
     return dict(outcome=outcome, error=m.error or m.max_rel_err)
 
 
-def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None) -> None:
+def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None,
+                 timeout_s: float = CASE_TIMEOUT) -> None:
     """A case the rules refuse must be refused by `matmul` before launch. Every other case runs
     in the measuring worker, which checks it against the float64 reference (into an output
     filled with NaN) before timing it: a kernel that never returns is killed after
@@ -132,7 +123,7 @@ def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None
     record = []
     progress = open(report + ".progress.jsonl", "w") if report else None
     try:
-        with WorkerPool("gnn_policy.measure.runner:measure_configs", gpu=gpu.name, timeout_s=CASE_TIMEOUT,
+        with WorkerPool("gnn_policy.measure.runner:measure_configs", gpu=gpu.name, timeout_s=timeout_s,
                         replays=3) as pool:
             for i, (problem, config) in enumerate(cases):
                 entry = {"problem": problem.key, "config": config.key}
@@ -199,3 +190,16 @@ def test_bf16_epilogues_match_torch():
 def test_default_config_runs_on_the_gpu():
     args = make_inputs(GemmProblem(1000, 1000, 1000, dtype="bf16"), "cuda", seed=1)
     assert relative_error(matmul(**args), reference(**args)) <= TOLERANCE[torch.bfloat16]
+
+
+def test_warpspec_trial_with_the_hang_rule_lifted(monkeypatch):
+    """The GPU trial that decides whether the `warpspec-hang` rule can go: the variant's random
+    cases with the rule lifted, here and in the measuring workers (kernels/persistent.py says
+    why its maps are now made in the kernel). A hang is a `hung` case and fails the test. Last
+    in the file, with a short case timeout, so a hang costs the other tests nothing."""
+    space_module = importlib.import_module("gnn_policy.space")
+    monkeypatch.setenv("GNN_POLICY_LIFT_RULES", "warpspec-hang")
+    monkeypatch.setattr(space_module, "LIFTED_RULES", frozenset({"warpspec-hang"}))
+    report = os.environ.get("GNN_POLICY_GPU_REPORT")
+    _check_cases(_random_cases(TRIAL_CASES, hardware_specs.detect(), "warpspec", seed=96),
+                 report and report.replace(".json", "_warpspec.json"), timeout_s=min(CASE_TIMEOUT, 10.0))
