@@ -116,7 +116,7 @@ def _check_cases(cases: list[tuple[GemmProblem, TileConfig]], report: str | None
     """A case the rules refuse must be refused by `matmul` before launch. Every other case runs
     in the measuring worker, which checks it against the float64 reference (into an output
     filled with NaN) before timing it: a kernel that never returns is killed after
-    CASE_TIMEOUT s and recorded as `hung`, and the next case runs in a fresh worker, so one
+    `timeout_s` and recorded as `hung`, and the next case runs in a fresh worker, so one
     hang names itself instead of ending the run."""
     gpu = hardware_specs.detect()
     precompile([(p, [c]) for p, c in cases if not _refused(p, c, gpu)], progress=False)
