@@ -80,16 +80,13 @@ CONFIGS = tuple(
 
 
 @triton.jit
-def _tile(a_desc, b_desc, c_desc, pid_m, pid_n, k_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, B_K_MAJOR: tl.constexpr):
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(k_tiles):
-        if B_K_MAJOR:
-            b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K]).T
-        else:
-            b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
-        acc = tl.dot(a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K]), b, acc)
-    c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+def _k_step(a_desc, b_desc, acc, pid_m, pid_n, kt, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, B_K_MAJOR: tl.constexpr):
+    if B_K_MAJOR:
+        b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K]).T
+    else:
+        b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
+    return tl.dot(a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K]), b, acc)
 
 
 @triton.jit
@@ -111,16 +108,15 @@ def probe_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_b, stride_cm, n
         for tile in tl.range(tl.program_id(0), tiles, num_programs, flatten=False, warp_specialize=WS,
                              num_stages=STAGES):
             pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            _tile(a_desc, b_desc, c_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, B_K_MAJOR)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kt in range(k_tiles):
+                acc = _k_step(a_desc, b_desc, acc, pid_m, pid_n, kt, BLOCK_M, BLOCK_N, BLOCK_K, B_K_MAJOR)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
     else:
         pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in tl.range(k_tiles, warp_specialize=WS, num_stages=STAGES):
-            if B_K_MAJOR:
-                b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K]).T
-            else:
-                b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
-            acc = tl.dot(a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K]), b, acc)
+            acc = _k_step(a_desc, b_desc, acc, pid_m, pid_n, kt, BLOCK_M, BLOCK_N, BLOCK_K, B_K_MAJOR)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
 
 
