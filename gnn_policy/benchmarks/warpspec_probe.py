@@ -120,13 +120,6 @@ def probe_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_b, stride_cm, n
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
 
 
-def set_allocator() -> None:
-    """Device-side tensor maps live in a scratch buffer Triton asks the caller for."""
-    import torch
-
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-
-
 def launch(config: ProbeConfig, a, b, c, programs: int):
     """C = A @ B for 2-D A row-major, B row- or column-major, C row-major."""
     m, k = a.shape
@@ -140,22 +133,19 @@ def launch(config: ProbeConfig, a, b, c, programs: int):
                               num_warps=config.num_warps)
 
 
-def _operands(m: int, n: int, k: int, layout: str, sets: int, seed: int = 0):
+def _operands(m: int, n: int, k: int, layout: str, sets: int) -> list[tuple]:
+    """`sets` input sets (A, B as the layout says, and an output C), as the measuring worker makes them."""
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    from graphs import GemmProblem
+    from gnn_policy.measure.inputs import make_inputs
+
+    problem = GemmProblem(m, n, k, dtype="bf16", b_layout=layout)
     out = []
-    for _ in range(sets):
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-        b = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g).T if layout == "col"
-             else torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g))
-        out.append((a, b, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)))
+    for i in range(sets):
+        args = make_inputs(problem, "cuda", seed=i)
+        out.append((args["a"], args["b"], torch.empty(m, n, device="cuda", dtype=torch.bfloat16)))
     return out
-
-
-def _rel_error(c, a, b) -> float:
-    ref = a.float() @ b.float()
-    return float((c.float() - ref).norm() / ref.norm())
 
 
 def run_case(name: str, shapes: list[tuple]) -> None:
@@ -164,9 +154,11 @@ def run_case(name: str, shapes: list[tuple]) -> None:
     import torch
 
     from gnn_policy import TileConfig, matmul
+    from gnn_policy.kernels.launch import ensure_allocator
+    from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error
     from gnn_policy.measure.timing import rotation_count, time_graph
 
-    set_allocator()
+    ensure_allocator()  # the probe's maps are made in the kernel
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     probe = next((c for c in CONFIGS if c.key == name), None)
@@ -201,13 +193,13 @@ def run_case(name: str, shapes: list[tuple]) -> None:
             out = call(0)
             torch.cuda.synchronize()
             row["compile_s"] = round(time.perf_counter() - t0, 2)
-            row["rel_error"] = _rel_error(out, a, b)
+            row["rel_error"] = relative_error(out, reference(a, b))
             if kernels:
                 ttgir = kernels[0].asm.get("ttgir", "")
                 row["warp_specialized"] = "ttg.warp_specialize" in ttgir
                 row["registers"] = getattr(kernels[0], "n_regs", None)
                 row["shared_bytes"] = kernels[0].metadata.shared
-            if not row["rel_error"] < 1e-2:
+            if not row["rel_error"] <= TOLERANCE[torch.bfloat16]:
                 print(json.dumps({**row, "status": "wrong_result"}), flush=True)
                 continue
             timing = time_graph(call, sets, warmup=0)
