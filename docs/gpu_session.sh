@@ -3,11 +3,12 @@
 #     BUDGET=570 bash docs/gpu_session.sh ceiling200 ncu picks collect
 # Stages run in the order given, each under a timeout, so that one tar of everything is always
 # written to $OUT/results.tgz (a call returns at most 8 files): BUDGET seconds in all, 20 kept for
-# the tar. Stages: ceiling200 (issue 18's ceiling, on an H200 only), ncu (streamk against tma on
+# the tar. Stages: gputests (`pytest -m gpu` but the warpspec trial), ceiling200 (issue 18's ceiling, on an H200 only), ncu (streamk against tma on
 # 1000^3 and 256x4544x4544), picks (the default's top 8 on the H100's random-test, an H100 only),
 # e2e and adapter (issue 21's benchmarks), wsprobe (warp specialisation with device-side tensor maps),
-# wstrial (the warpspec variant's GPU correctness trial with its hang rule lifted), wsceiling (its
-# ceiling on the first 15 shapes, only after a trial without a hung or failed case), collect
+# wstrial (the warpspec variant's GPU correctness trial with its hang rule lifted; it stops after
+# two hangs), wsceiling (its ceiling on the first 15 shapes, only after a trial without a hung or
+# failed case, in this call or the one before on the same warm machine), collect
 # (random-train, resumes from the shipped shards).
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
@@ -22,6 +23,9 @@ for stage in "$@"; do
   L=$(left); [ "$L" -lt 45 ] && { echo "skip $stage: $L s left"; continue; }
   echo "== $stage at $(( $(date +%s) - START )) s, $L s left"
   case $stage in
+    gputests)
+      GNN_POLICY_GPU_REPORT=$R/gpucases.json timeout $(( L < 280 ? L : 280 )) python3 -m pytest -m gpu -v \
+        -p no:cacheprovider tests/ -k "not warpspec_trial" --durations=10 > $R/gputests.log 2>&1 ;;
     ceiling200)
       case "$GPU" in *H200*) ;; *) echo "not an H200: no ceiling"; continue;; esac
       timeout $L python3 -m gnn_policy.benchmarks.ceiling --db /tmp/c.sqlite --load docs/data/ceiling --configs 24 \
@@ -51,9 +55,10 @@ for stage in "$@"; do
     wstrial)
       GNN_POLICY_GPU_TRIAL_CASES=160 GNN_POLICY_GPU_REPORT=$R/cases.json \
         timeout $(( L < 300 ? L : 300 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernel_gpu.py \
-        -k warpspec_trial > $R/wstrial.log 2>&1 ;;
+        -k warpspec_trial > $R/wstrial.log 2>&1; cp $R/wstrial.log /tmp/wstrial_last.log ;;
     wsceiling)
-      grep -q "1 passed" $R/wstrial.log 2>/dev/null || { echo "no passed warpspec trial: no ceiling"; continue; }
+      # a warm machine keeps /tmp: the trial may have passed in the call before this one
+      grep -q "1 passed" $R/wstrial.log /tmp/wstrial_last.log 2>/dev/null || { echo "no passed warpspec trial: no ceiling"; continue; }
       GNN_POLICY_LIFT_RULES=warpspec-hang timeout $L python3 -m gnn_policy.benchmarks.ceiling --db /tmp/w.sqlite \
         --load docs/data/ceiling --shapes 15 --configs 24 --named triton_tutorial --named inductor_mm --refine-top 2 \
         --variant warpspec --time-limit $(mins $(( L - 40 < 300 ? L - 40 : 300 ))) --timeout 10 --shard-dir $R/w \
