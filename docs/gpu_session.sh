@@ -13,7 +13,7 @@
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
 START=$(date +%s); BUDGET=${BUDGET:-570}
-R=/tmp/res; rm -rf $R; mkdir -p $R
+R=${R:-/tmp/res}; rm -rf $R; mkdir -p $R  # docs/gpu_multi.sh runs it on GPU 0 into its own R, with NO_TAR
 left() { echo $(( BUDGET - ($(date +%s) - START) - 20 )); }
 mins() { python3 -c "print(round(max($1, 30) / 60, 2))"; }
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version,memory.total --format=csv > $R/gpu.txt
@@ -70,5 +70,6 @@ for stage in "$@"; do
   esac
   echo "   rc $?"
 done
+[ -n "${NO_TAR:-}" ] && exit 0
 echo "== tar at $(( $(date +%s) - START )) s"
 tar czf $OUT/results.tgz -C $R .
