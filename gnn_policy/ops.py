@@ -26,6 +26,7 @@ from gnn_policy.space import TileConfig, Violation, violations
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # Triton swaps @jit functions for interpreted ones when TRITON_INTERPRET=1 at import time.
 INTERPRETED = type(matmul_kernel).__name__ == "InterpretedFunction"
+INTERPRETER_BF16 = "Triton's interpreter computes bf16 products wrongly (it multiplies their raw bits)"
 
 
 class InvalidConfigError(ValueError):
@@ -124,6 +125,10 @@ def _check_devices(**tensors: torch.Tensor | None) -> None:
                          "TRITON_INTERPRET=1 before importing gnn_policy to use Triton's interpreter")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"matmul: device {device} is not supported (CUDA, or CPU under the interpreter)")
+    if device.type == "cpu" and tensors["a"].dtype == torch.bfloat16:
+        # Triton 3.6's interpreter multiplies the raw bits of bf16 in tl.dot (relative errors of 1e9):
+        # a refusal, not a silently wrong product
+        raise ValueError(f"matmul: {INTERPRETER_BF16}; use fp16 or fp32 on the CPU, or bf16 on a CUDA device")
 
 
 def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

@@ -17,7 +17,7 @@ warning that nothing was fused.
 What the kernel does not cover runs torch's own ops instead, with one warning per reason and
 never an error mid-model: autograd (call under `torch.no_grad()` or `torch.inference_mode()`),
 autocast, dtypes other than fp16, bf16 and fp32 or mixed ones, CPU tensors without Triton's
-interpreter, other devices, and any argument `gnn_policy.matmul` refuses. A residual whose
+interpreter, bf16 on the CPU (the interpreter's bf16 products are wrong), other devices, and any argument `gnn_policy.matmul` refuses. A residual whose
 dtype or shape would change the add's result (type promotion, broadcasting to a larger
 shape) is added by torch after the kernel.
 """
@@ -47,12 +47,14 @@ def _unsupported(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str] | Non
     """(kind, why) when the template cannot serve this call; None when it can."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return "autograd", "the template has no backward pass (call under torch.no_grad() or torch.inference_mode())"
-    if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+    if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
         return "autocast", "autocast is on, and its casts belong to torch's ops"
     if x.dtype not in ops.DTYPE_NAMES or x.dtype != weight.dtype:
         return "dtype", f"inputs {x.dtype} with weights {weight.dtype} (the template runs fp16, bf16, fp32 alone)"
     if x.device.type == "cpu" and not ops.INTERPRETED:
         return "cpu", "CPU tensors run through Triton only under TRITON_INTERPRET=1"
+    if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+        return "cpu-bf16", f"{ops.INTERPRETER_BF16}, so bf16 on the CPU"
     if x.device.type not in ("cpu", "cuda") or x.device != weight.device:
         return "device", f"inputs on {x.device}, weights on {weight.device}"
     if x.dim() == 0 or x.numel() == 0:

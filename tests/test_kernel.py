@@ -189,6 +189,8 @@ def test_error_messages():
     _raises("M, N and K must be >= 1", a=torch.randn(0, 16, dtype=torch.float16))
     _raises("config must be a gnn_policy.TileConfig", TypeError, config={"BLOCK_M": 64})
     _raises("no backward pass", a=torch.randn(8, 16, dtype=torch.float16, requires_grad=True))
+    _raises("interpreter computes bf16 products wrongly", a=torch.randn(8, 16, dtype=torch.bfloat16),
+            b=torch.randn(16, 24, dtype=torch.bfloat16))
     with torch.no_grad():
         matmul(torch.randn(8, 16, requires_grad=True), torch.randn(16, 24))
 

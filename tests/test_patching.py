@@ -102,3 +102,21 @@ def test_an_untraceable_model_is_patched_in_place_without_fusion():
     with pytest.raises(ValueError, match="already patched"):
         gnn_policy.patch(model)
     assert gnn_policy.unpatch(model).fc is linear
+
+
+def test_bf16_and_autocast_on_the_cpu_fall_back_to_torch_with_a_warning():
+    """The interpreter's bf16 products are wrong, and autocast's casts are torch's: both run
+    torch's ops, with the reason named once, and give torch's result and dtype."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        patched = gnn_policy.patch(model.bfloat16())
+        with pytest.warns(UserWarning, match="interpreter computes bf16 products wrongly"):
+            got = patched(x.bfloat16())
+        assert torch.equal(got, model(x.bfloat16()))
+        patched = gnn_policy.patch(model.float())
+        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="autocast is on"):
+            got = patched(x)
+            want = model(x)
+    assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
