@@ -58,7 +58,7 @@ def one_of(*names: str) -> Callable[[str], str]:
 
     def check(text: str) -> str:
         if text.lower() not in by_lower:
-            shown = ", ".join(repr(n) for n in names)
+            shown = ", ".join(repr(n) for n in names if n)  # "" is the unset default, not a choice
             raise argparse.ArgumentTypeError(f"{text!r} is not one of {shown}")
         return by_lower[text.lower()]
 
@@ -97,8 +97,21 @@ def add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
                                 help=f"{help_text} (default: {', '.join(f.default)})")
         else:
             kind = meta.get("check") or {"int": int, "float": float, "str": str}.get(str(f.type), type(f.default))
+            shown = required or "default" in help_text or _placeholder(f.default, kind)
             parser.add_argument(f"--{name}", dest=f.name, type=kind, default=None, required=required,
-                                help=help_text if required else f"{help_text} (default: {f.default!r})")
+                                help=help_text if shown else f"{help_text} (default: {f.default!r})")
+
+
+def _placeholder(default: Any, kind: Callable[[str], Any]) -> bool:
+    """Whether a default means "not given" rather than a value: the empty string, or a value the
+    flag's own check refuses (--m 0 where --m must be at least 1). Its help says what happens then."""
+    if default == "":
+        return True
+    try:
+        kind(str(default))
+    except (argparse.ArgumentTypeError, ValueError):
+        return True
+    return False
 
 
 def build(cls: type, ns: dict[str, Any]) -> Any:

@@ -65,9 +65,9 @@ class CollectArgs:
     space: str = flag("full", "config space the sample comes from (gnn_policy.space.SPACES); its variants "
                               "and SPLIT_K values make the strata")
     lists: bool = flag(True, "also measure the named lists, default_config and cuBLAS")
-    named: tuple[str, ...] = flag(tuple(NAMED_LISTS), "named lists that --lists measures (repeatable)",
+    named: tuple[str, ...] = flag(tuple(NAMED_LISTS), "named lists measured beside the sample unless --no-lists (repeatable)",
                                   action="append")
-    default: bool = flag(True, "with --lists, also measure default_config as gnn_policy.matmul runs it")
+    default: bool = flag(True, "also measure default_config as gnn_policy.matmul runs it (unless --no-lists)")
     seed: int = flag(0, "random seed for the problem and config samples")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout",
                           check=positive)

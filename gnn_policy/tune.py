@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from graphs.problem import DTYPES, EPILOGUE_ACTIVATIONS
+from graphs.problem import DTYPES, EPILOGUE_ACTIVATIONS, LAYOUTS
 from gnn_policy.args import at_least, flag, one_of
 from gnn_policy.limits import check_fits
 
@@ -22,8 +22,9 @@ class TuneArgs:
     activation: str = flag("", "fused activation: relu, gelu or silu (or none)",
                            check=one_of("", "none", *filter(None, EPILOGUE_ACTIVATIONS)))
     residual: bool = flag(False, "a residual add is fused")
-    a_layout: str = flag("row", "A's layout: row (K contiguous) or col (M contiguous)")
-    b_layout: str = flag("row", "B's layout: row (N contiguous) or col (K contiguous: an nn.Linear weight W as W.T)")
+    a_layout: str = flag("row", "A's layout: row (K contiguous) or col (M contiguous)", check=one_of(*LAYOUTS))
+    b_layout: str = flag("row", "B's layout: row (N contiguous) or col (K contiguous: an nn.Linear weight W as W.T)",
+                         check=one_of(*LAYOUTS))
     linear: bool = flag(False, "x @ W.T with an nn.Linear weight W [N, K]: A row-major, B column-major")
     gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
     top_k: int = flag(8, "configs to print", check=at_least(1))

@@ -102,3 +102,16 @@ def test_imported_counts_demonstrations_per_gpu(tmp_path):
     assert report["demonstrations"]["H100-SXM5-80GB"] == 144 and report["exact"] + report["mapped"] == 578
     missing = _cli("imported", "--root", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no tuned-configs folder" in missing.stderr
+
+
+def test_help_shows_a_default_once_and_only_a_real_one(capsys):
+    """A default the help text already states, an empty string or a value the flag refuses (a
+    placeholder for "not given") is not repeated as "(default: ...)"."""
+    from gnn_policy.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: '')" not in text and "(default: 0)" not in text
+    assert "--batch BATCH batch count (default: 1)" in text
+    assert text.count("default: checkpoints/pretrained.pt") == 1
