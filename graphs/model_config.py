@@ -3,9 +3,12 @@
 Two schemas are read. Llama's (`hidden_size`, `intermediate_size`, `num_attention_heads`,
 `num_key_value_heads`, `head_dim`, `num_hidden_layers`, `vocab_size`, `hidden_act`, and for
 MoE `num_local_experts` or `num_experts` with `num_experts_per_tok`), also used by Mistral,
-Mixtral and Qwen2; and GPT-2's (`n_embd`, `n_head`, `n_layer`, `n_inner`, `vocab_size`,
-`activation_function`), chosen by `model_type: gpt2` or an `n_embd` field. A missing or
-ill-typed field is a `ConfigError` that names it.
+Mixtral, Qwen2 (whose q, k and v projections have biases and o_proj none) and Qwen3; and
+GPT-2's (`n_embd`, `n_head`, `n_layer`, `n_inner`, `vocab_size`, `activation_function`),
+chosen by `model_type: gpt2` or an `n_embd` field. A config without `model_type` is read as
+Llama's; any other `model_type` (BERT, Phi-3's fused projections, DeepSeek's latent attention:
+other GEMMs) is refused rather than read as a Llama it is not. A missing or ill-typed field is
+a `ConfigError` that names it.
 
 Every layer is an `nn.Linear` (y = x W^T with W [out, in] contiguous), so A is row-major and
 B column-major; HF's GPT-2 stores its Conv1D weights [in, out] instead, so its layers here are
@@ -28,6 +31,8 @@ from typing import Any
 from graphs.problem import GemmProblem
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "models"
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # model_types of that schema
+QKV_BIAS = ("qwen2", "qwen2_moe")  # q, k and v projections with biases, o_proj without, whatever attention_bias says
 # the template fuses these exactly; others (GPT-2's tanh-approximated gelu_new, ...) run unfused
 FUSED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "relu": "relu"}
 
@@ -52,6 +57,7 @@ class ModelSpec:
     gated: bool  # Llama's gate/up/down MLP, else GPT-2's fc/proj
     bias: bool = False  # attention projections (and, for GPT-2, every layer but lm_head) have biases
     mlp_bias: bool = False
+    o_bias: bool | None = None  # the attention output's bias where it differs from `bias` (Qwen2: none)
     experts: int = 0
     top_k: int = 0
     expert_intermediate: int = 0
@@ -112,11 +118,13 @@ def _llama(cfg: dict, where: str, name: str) -> ModelSpec:
     if top_k > experts:
         raise ConfigError(f"{where}: field 'num_experts_per_tok' ({top_k}) exceeds the {experts} experts")
     quant = cfg.get("quantization_config") or {}
+    qkv_bias = cfg.get("model_type") in QKV_BIAS
     return ModelSpec(
         name, hidden, inter, heads, kv, _field(cfg, "head_dim", where, hidden // heads),
         _field(cfg, "num_hidden_layers", where), _field(cfg, "vocab_size", where),
         _field(cfg, "hidden_act", where, "silu", str), gated=True,
-        bias=_field(cfg, "attention_bias", where, False, bool), mlp_bias=_field(cfg, "mlp_bias", where, False, bool),
+        bias=qkv_bias or _field(cfg, "attention_bias", where, False, bool),
+        mlp_bias=_field(cfg, "mlp_bias", where, False, bool), o_bias=False if qkv_bias else None,
         experts=experts, top_k=top_k,
         expert_intermediate=_field(cfg, "moe_intermediate_size", where, inter) if experts else 0,
         shared_intermediate=_field(cfg, "shared_expert_intermediate_size", where, 0) if experts else 0,
@@ -127,8 +135,12 @@ def parse_config(cfg: Any, name: str = "model", where: str = "config") -> ModelS
     """The spec of a config.json's parsed content; `where` names it in errors."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: a model config is a JSON object, got {type(cfg).__name__}")
-    if cfg.get("model_type") == "gpt2" or "n_embd" in cfg:
+    kind = cfg.get("model_type")
+    if kind == "gpt2" or (kind is None and "n_embd" in cfg):
         return _gpt2(cfg, where, name)
+    if kind is not None and kind not in LLAMA_LIKE:
+        raise ConfigError(f"{where}: model_type {kind!r} is not one whose GEMMs this reads (gpt2, "
+                          f"{', '.join(LLAMA_LIKE)}); trace the model instead with --model module:function")
     return _llama(cfg, where, name)
 
 
@@ -192,7 +204,8 @@ def model_gemms(spec: ModelSpec, tokens: int, dtype: str = "bf16") -> list[Model
         attn = [_linear(spec, "self_attn.q_proj", tokens, q, h, dtype, layers, bias=spec.bias),
                 _linear(spec, "self_attn.k_proj", tokens, kv, h, dtype, layers, bias=spec.bias),
                 _linear(spec, "self_attn.v_proj", tokens, kv, h, dtype, layers, bias=spec.bias),
-                _linear(spec, "self_attn.o_proj", tokens, h, q, dtype, layers, bias=spec.bias, residual=True)]
+                _linear(spec, "self_attn.o_proj", tokens, h, q, dtype, layers,
+                        bias=spec.bias if spec.o_bias is None else spec.o_bias, residual=True)]
     else:
         attn = [_linear(spec, "attn.c_attn", tokens, 3 * h, h, dtype, layers, bias=spec.bias),
                 _linear(spec, "attn.c_proj", tokens, h, h, dtype, layers, bias=spec.bias, residual=True)]

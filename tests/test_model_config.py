@@ -78,3 +78,16 @@ def test_examples_ship_as_package_data():
     data = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert "data/models/*.json" in data["tool"]["setuptools"]["package-data"]["graphs"]
     assert set(examples()) == {"gpt2", "llama-3-8b", "mixtral-8x7b"}
+
+
+def test_a_model_type_of_another_schema_is_refused_and_qwen2_biases_q_k_v_alone():
+    cfg = json.loads(examples()["llama-3-8b"].read_text())
+    with pytest.raises(ConfigError, match="x.json: model_type 'bert' is not one whose GEMMs this reads"):
+        parse_config({**cfg, "model_type": "bert"}, where="x.json")
+    biased = {g.layer: g.problem.bias for g in model_gemms(parse_config({**cfg, "model_type": "qwen2"}), 16)}
+    assert biased["self_attn.q_proj"] and biased["self_attn.k_proj"] and biased["self_attn.v_proj"]
+    assert not biased["self_attn.o_proj"] and not biased["mlp.down_proj"]
+    unset = {k: v for k, v in cfg.items() if k != "model_type"}  # no model_type: Llama's schema, as before
+    assert model_gemms(parse_config(unset), 16) == model_gemms(parse_config(cfg), 16)
+    llama = {g.layer: g.problem.bias for g in model_gemms(parse_config({**cfg, "attention_bias": True}), 16)}
+    assert llama["self_attn.o_proj"] and llama["self_attn.q_proj"]

@@ -46,7 +46,7 @@ class LlamaBlock(nn.Module):
         h, q, kv, bias = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.bias
         self.input_layernorm, self.post_attention_layernorm = RMSNorm(h), RMSNorm(h)
         self.self_attn = nn.ModuleDict({"q_proj": nn.Linear(h, q, bias=bias), "k_proj": nn.Linear(h, kv, bias=bias),
-                                        "v_proj": nn.Linear(h, kv, bias=bias), "o_proj": nn.Linear(q, h, bias=bias)})
+                                        "v_proj": nn.Linear(h, kv, bias=bias), "o_proj": nn.Linear(q, h, bias=bias if spec.o_bias is None else spec.o_bias)})
         self.mlp = nn.ModuleDict({"gate_proj": nn.Linear(h, spec.intermediate, bias=spec.mlp_bias),
                                   "up_proj": nn.Linear(h, spec.intermediate, bias=spec.mlp_bias),
                                   "down_proj": nn.Linear(spec.intermediate, h, bias=spec.mlp_bias)})
