@@ -74,13 +74,19 @@ def run(args: TuneArgs) -> dict:
     fits = calibration.load(args.checkpoint or DEFAULT_CHECKPOINT)
     shown = displayed([p.predicted_tflops for p in picks], problem, gpu, fits, policy)
     out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": elapsed_ms,
-           "roofline_tflops": round(calibration.roofline_tflops(problem, gpu), 1),
+           "roofline_tflops": significant(calibration.roofline_tflops(problem, gpu)),
            "calibrated": bool(shown) and shown[0][1],
            "picks": [{"config": p.config.key, "probability": round(p.probability, 5),
-                      "predicted_tflops": round(tf, 1)} for p, (tf, _) in zip(picks, shown)]}
+                      "predicted_tflops": significant(tf), "predicted_us": significant(problem.flops / (tf * 1e6))}
+                     for p, (tf, _) in zip(picks, shown)]}
     if args.measure:
         out.update(_measure(problem, gpu, [p.config for p in picks], out["picks"]))
     return out
+
+
+def significant(value: float, digits: int = 4) -> float:
+    """`value` to `digits` significant digits: a tiny GEMM's 0.0021 TFLOP/s is not shown as 0.0."""
+    return float(f"{value:.{digits}g}")
 
 
 def layouts(args: TuneArgs) -> dict[str, str]:
@@ -109,9 +115,11 @@ def table(out: dict) -> str:
     how = "calibrated on measurements" if out["calibrated"] else "not calibrated for this GPU, capped"
     lines = [f"{out['problem']} on {out['gpu']} (ranked in {out['prediction_ms']} ms); predicted TFLOP/s "
              f"{how} (roofline {out['roofline_tflops']})",
-             f"{'#':>2}  {'config':<40} {'prob':>8} {'pred TF/s':>10}" + ("  measured" if "cublas_tflops" in out else "")]
+             f"{'#':>2}  {'config':<40} {'prob':>8} {'pred TF/s':>10} {'pred us':>9}"
+             + ("  measured" if "cublas_tflops" in out else "")]
     for i, p in enumerate(out["picks"], 1):
-        lines.append(f"{i:>2}  {p['config']:<40} {p['probability']:>8.4f} {p['predicted_tflops']:>10.1f}"
+        lines.append(f"{i:>2}  {p['config']:<40} {p['probability']:>8.4f} {p['predicted_tflops']:>10g} "
+                     f"{p['predicted_us']:>9g}"
                      + (f"  {p['measured_tflops']}" if "measured_tflops" in p else ""))
     if "cublas_tflops" in out:
         lines.append(f"best measured {out['best_measured_tflops']} TFLOP/s, cuBLAS {out['cublas_tflops']}: "

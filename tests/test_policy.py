@@ -85,6 +85,9 @@ def test_tune_cli_prints_json_picks(checkpoint):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["problem"] == P.key and len(out["picks"]) == 4 and out["prediction_ms"] > 0
+    for pick in out["picks"]:  # the time and the rate shown are one prediction, within rounding
+        assert 0 < pick["predicted_tflops"] <= out["roofline_tflops"]
+        assert pick["predicted_us"] * pick["predicted_tflops"] * 1e6 == pytest.approx(P.flops, rel=2e-3)
 
 
 def test_the_pruner_reads_keyword_arguments_and_puts_ruled_out_configs_last(checkpoint):
