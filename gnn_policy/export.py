@@ -24,7 +24,12 @@ as vLLM and SGLang name and key theirs: the token count M (a string) -> `BLOCK_S
 
 `--format triton` writes a module with `CONFIGS = {problem key: [triton.Config, ...]}`, the
 `--top-k` best first, spelled as `--names` says (`project`: this template's names; `tutorial`:
-tutorial 03's and vLLM's; `short`: BM-style); `read_triton` reads it back.
+tutorial 03's and vLLM's; `short`: BM-style); `read_triton` reads it back. `--out` is that
+module's file: a folder there (one that exists, or a path ending in '/') is refused, not given
+a module name of our own choosing.
+
+A GEMM with no pick (with `--measured`, one the database has no correct measurement of on that
+GPU) is skipped with its reason; an export that skips every GEMM is refused and writes nothing.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from graphs import GemmProblem
-from gnn_policy.args import flag
+from gnn_policy.args import at_least, flag
 from gnn_policy.space import TileConfig
 
 CANDIDATES = 64  # the policy's picks searched for ones the target kernel can run
@@ -53,7 +58,7 @@ class ExportArgs:
     measured: str = flag("", "pick from the real measurements in this database instead of the policy")
     gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
     dtype: str = flag("bf16", "fp16 or bf16")
-    top_k: int = flag(4, "configs per problem in a Triton module")
+    top_k: int = flag(4, "configs per problem in a Triton module", check=at_least(1))
     names: str = flag("project", "meta-parameter names in a Triton module: project, tutorial or short")
     checkpoint: str = flag("", "policy checkpoint (default: checkpoints/pretrained.pt)")
     json: bool = flag(False, "print what was written as JSON")
@@ -61,6 +66,10 @@ class ExportArgs:
 
 class ExportError(ValueError):
     """Flags that cannot make an export."""
+
+
+class NoPick(LookupError):
+    """A problem the picks have nothing for; the message is the reason its row is skipped."""
 
 
 def device_name(gpu: Any) -> str:
@@ -101,21 +110,35 @@ def gemms(args: ExportArgs) -> tuple[list[tuple[int | None, str, GemmProblem]], 
             [{"what": w, "why": y} for w, y in model.skipped], model.config)
 
 
+def _measurements(path: str) -> Any:
+    """The --measured database, the shipped snapshot loaded into it."""
+    from gnn_policy.database import Database, DatabaseError
+    from gnn_policy.snapshot import load_shipped
+
+    # Database says "no database at" an empty file, as at a missing one: misleading when it is there
+    if Path(path).is_file() and Path(path).stat().st_size == 0:
+        raise DatabaseError(f"{path}: an empty file, not a gnn-policy database; it was left untouched")
+    db = Database(path, create=False)
+    load_shipped(db)
+    return db
+
+
 def picker(args: ExportArgs, gpu: Any) -> Callable[[GemmProblem, int, str], list[TileConfig]]:
-    """pick(problem, k, spelling): up to k configs a kernel of that spelling can run, best first."""
+    """pick(problem, k, spelling): up to k configs a kernel of that spelling can run, best
+    first; NoPick when there is nothing to choose from (no measurement of the problem)."""
     from gnn_policy import config_names
 
     if args.measured:
-        from gnn_policy.database import Database
         from gnn_policy.measure.result import CUBLAS
-        from gnn_policy.snapshot import load_shipped
 
-        db = Database(args.measured, create=False)
-        load_shipped(db)
+        db = _measurements(args.measured)
 
         def measured(problem: GemmProblem, k: int, spelling: str) -> list[TileConfig]:
             figures = db.tflops(gpu.name, problem.key)
             ranked = sorted((c for c in figures if c != CUBLAS), key=lambda c: -figures[c])
+            if not ranked:
+                raise NoPick(f"{args.measured} has no correct measurement of a Triton config for "
+                             f"{problem.key} on {gpu.name}")
             return [t for t in map(TileConfig.from_key, ranked) if config_names.expressible(t, spelling)][:k]
         return measured
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
@@ -133,6 +156,16 @@ def picker(args: ExportArgs, gpu: Any) -> Callable[[GemmProblem, int, str], list
             picks += [c for c, p in policy.rank(problem, gpu, runnable) if p > 0][:k - len(picks)]
         return picks
     return predicted
+
+
+def _picked(pick: Callable, problem: GemmProblem, k: int, spelling: str,
+            kernel: str) -> tuple[list[TileConfig], str]:
+    """(configs, '') or ([], why there are none): the reason a skipped row gives."""
+    try:
+        configs = pick(problem, k, spelling)
+    except NoPick as exc:
+        return [], str(exc)
+    return configs, "" if configs else f"no config {kernel} can run"
 
 
 def vllm_files(found: Iterable[tuple[int | None, str, GemmProblem]], spec: Any, device: str,
@@ -153,9 +186,9 @@ def vllm_files(found: Iterable[tuple[int | None, str, GemmProblem]], spec: Any, 
         entries = files.setdefault(name + ".json", {})
         if str(tokens) in entries:  # layers differing only in their epilogue share the plain GEMM
             continue
-        configs = pick(plain, 1, "tutorial")
-        if not configs:
-            skipped.append({"what": f"{layer} at {tokens} tokens", "why": "no config the engines' kernels can run"})
+        configs, why = _picked(pick, plain, 1, "tutorial", "the engines' kernels")
+        if why:
+            skipped.append({"what": f"{layer} at {tokens} tokens", "why": why})
             continue
         entries[str(tokens)] = configs[0].to_vllm()
     return {n: dict(sorted(f.items(), key=lambda kv: int(kv[0]))) for n, f in files.items() if f}, skipped
@@ -168,9 +201,9 @@ def triton_module(found: Iterable[tuple[int | None, str, GemmProblem]], gpu: str
 
     table, layers, skipped = {}, {}, []
     for tokens, layer, problem in found:
-        configs = pick(problem, k, names)
-        if not configs:
-            skipped.append({"what": f"{layer} at {tokens} tokens", "why": f"no config a {names!r} kernel can run"})
+        configs, why = _picked(pick, problem, k, names, f"a {names!r} kernel")
+        if why:
+            skipped.append({"what": f"{layer} at {tokens} tokens", "why": why})
             continue
         table.setdefault(problem.key, configs)
         layers.setdefault(problem.key, layer)
@@ -197,30 +230,58 @@ def read_triton(path: str | Path) -> dict[str, list[TileConfig]]:
     return {key: [config_names.read(c) for c in configs] for key, configs in module.CONFIGS.items()}
 
 
+def _out(args: ExportArgs) -> Path:
+    """--out, checked before anything is picked or written: a folder for vllm, a file for triton."""
+    out = Path(args.out)
+    folder = out if args.format == "vllm" else out.parent
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker == out:
+        raise ExportError(f"--out {args.out} is a file; --format vllm writes a folder of JSON files: name a folder")
+    if blocker is not None:
+        raise ExportError(f"--out {args.out}: {blocker} is a file, not a folder")
+    if args.format == "triton" and (out.is_dir() or args.out.endswith("/")):  # Path drops the '/'
+        raise ExportError(f"--out {args.out} is a folder; --format triton writes one Python module: name its "
+                          f"file, such as {out / 'configs.py'}")
+    return out
+
+
+def _nothing_exported(skipped: list[dict]) -> ExportError:
+    if not skipped:
+        return ExportError("nothing to export: no GEMM found; no file written")
+    first, more = skipped[0], len(skipped) - 1
+    return ExportError(f"nothing to export, no file written: {first['what']}: {first['why']}"
+                       + (f" (and {more} more skipped)" if more else ""))
+
+
 def run(args: ExportArgs) -> dict:
+    """Write the export the flags ask for; ExportError (DatabaseError for --measured's file)
+    before anything is written when it cannot."""
+    from gnn_policy import config_names
     from gnn_policy.model_tune import gpu_of
 
     if args.format not in ("vllm", "triton"):
         raise ExportError(f"--format must be vllm or triton, got {args.format!r}")
     if args.dtype not in ("fp16", "bf16"):
         raise ExportError(f"--dtype must be fp16 or bf16 (the engines' 16-bit files), got {args.dtype!r}")
+    if args.format == "triton" and args.names not in config_names.SPELLINGS:
+        raise ExportError(f"--names must be one of {sorted(config_names.SPELLINGS)}, got {args.names!r}")
+    out = _out(args)
     gpu = gpu_of(args.gpu)
     found, skipped, spec = gemms(args)
     pick = picker(args, gpu)
     source = f"measurements in {args.measured}" if args.measured else f"the policy {args.checkpoint or 'pretrained.pt'}"
-    out = Path(args.out)
     if args.format == "vllm":
         files, more = vllm_files(found, spec, device_name(gpu), pick)
+        if not files:
+            raise _nothing_exported(more or skipped)
         out.mkdir(parents=True, exist_ok=True)
         for name, entries in files.items():
             (out / name).write_text(json.dumps(entries, indent=4) + "\n")
         written = {name: sorted(int(m) for m in entries) for name, entries in files.items()}
     else:
-        from gnn_policy import config_names
-
-        if args.names not in config_names.SPELLINGS:
-            raise ExportError(f"--names must be one of {sorted(config_names.SPELLINGS)}, got {args.names!r}")
         text, table, more = triton_module(found, gpu.name, source, args.names, args.top_k, pick)
+        if not table:
+            raise _nothing_exported(more or skipped)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         written = {str(out): sorted(table)}

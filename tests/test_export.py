@@ -7,7 +7,9 @@ import torch
 
 import hardware_specs
 from graphs import GemmProblem
-from gnn_policy.database import Database
+from gnn_policy.args import build
+from gnn_policy.cli import main
+from gnn_policy.database import Database, DatabaseError
 from gnn_policy.export import ExportArgs, ExportError, device_name, read_triton, run
 from gnn_policy.measure.result import Measurement
 from gnn_policy.model import ModelConfig, PolicyModel
@@ -86,3 +88,100 @@ def test_device_names_as_the_engines_write_them():
     assert device_name(H200) == "NVIDIA_H200"
     assert device_name(hardware_specs.load("h100")) == "NVIDIA_H100_80GB_HBM3"
     assert device_name(hardware_specs.load("mi300x")) == "AMD_Instinct_MI300X"
+
+
+def _measured_db(path, problem):
+    """A database with two correct H200 measurements of `problem`."""
+    with Database(path) as db:
+        db.add([(Measurement(H200.name, problem.key, c.key, "ok", median_ms=ms, tflops=problem.flops / ms / 1e9),
+                 problem, c) for c, ms in ((TileConfig(16, 64, 64), 0.02), (TileConfig(32, 32, 32), 0.04))])
+    return str(path)
+
+
+def test_a_skipped_row_names_the_problem_the_database_has_not_measured(tmp_path):
+    db = _measured_db(tmp_path / "m.sqlite", GemmProblem(16, 256, 128, b_layout="col"))
+    out = run(ExportArgs(out=str(tmp_path / "v"), shapes="256x128", tokens="16,32", gpu="h200", measured=db))
+    assert out["written"] == {"N=256,K=128,device_name=NVIDIA_H200.json": [16]}
+    assert out["skipped"] == [{"what": "256x128 at 32 tokens", "why": f"{db} has no correct measurement of a Triton "
+                               f"config for 1x32x256x128_bf16_rc on {H200.name}"}]
+
+
+@pytest.mark.parametrize("fmt, out", [("vllm", "v"), ("triton", "t.py")])
+def test_an_export_with_nothing_to_write_fails_and_writes_nothing(tmp_path, fmt, out):
+    # B row-major: what a fresh database holds for the H200, not the column-major B of nn.Linear
+    db = _measured_db(tmp_path / "m.sqlite", GemmProblem(16, 256, 128))
+    with pytest.raises(ExportError, match="nothing to export, no file written: 256x128 at 16 tokens: .* no correct "
+                                          r"measurement .* 1x16x256x128_bf16_rc on H200-SXM-141GB \(and 1 more"):
+        run(ExportArgs(out=str(tmp_path / out), format=fmt, shapes="256x128", tokens="16,32", gpu="h200", measured=db))
+    assert not (tmp_path / out).exists() and {p.name for p in tmp_path.iterdir()} <= {"m.sqlite", "m.sqlite-wal",
+                                                                                     "m.sqlite-shm"}
+
+
+@pytest.mark.parametrize("out", ["tuned", "tuned/", "new/"])
+def test_triton_refuses_a_folder_for_its_module(tmp_path, checkpoint, out):
+    (tmp_path / "tuned").mkdir()
+    with pytest.raises(ExportError, match=f"--out .*{out} is a folder; --format triton writes one Python module: "
+                                          f"name its file, such as .*{out.rstrip('/')}/configs.py"):
+        run(ExportArgs(out=f"{tmp_path}/{out}", format="triton", shapes="64x32", gpu="h200", checkpoint=checkpoint))
+    assert [p.name for p in tmp_path.iterdir()] == ["tuned"] and not any((tmp_path / "tuned").iterdir())
+
+
+def test_vllm_refuses_a_file_for_its_folder(tmp_path, checkpoint):
+    module = tmp_path / "configs.py"
+    module.write_text("CONFIGS = {}\n")
+    with pytest.raises(ExportError, match=f"--out {module} is a file; --format vllm writes a folder of JSON files"):
+        run(ExportArgs(out=str(module), shapes="64x32", gpu="h200", checkpoint=checkpoint))
+    with pytest.raises(ExportError, match=f"--out {module}/v: {module} is a file, not a folder"):
+        run(ExportArgs(out=str(module / "v"), shapes="64x32", gpu="h200", checkpoint=checkpoint))
+    assert module.read_text() == "CONFIGS = {}\n" and [p.name for p in tmp_path.iterdir()] == ["configs.py"]
+
+
+def test_measured_refuses_a_file_that_is_not_a_database(tmp_path):
+    empty, text = tmp_path / "empty.md", tmp_path / "README.md"
+    empty.touch()
+    text.write_text("# not a database\n")
+    with pytest.raises(DatabaseError, match=f"{empty}: an empty file, not a gnn-policy database"):
+        run(ExportArgs(out=str(tmp_path / "v"), shapes="64x32", gpu="h200", measured=str(empty)))
+    with pytest.raises(DatabaseError, match=f"{text}: not a readable SQLite database"):
+        run(ExportArgs(out=str(tmp_path / "v"), shapes="64x32", gpu="h200", measured=str(text)))
+    assert empty.read_bytes() == b"" and text.read_text() == "# not a database\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "empty.md"]
+
+
+@pytest.fixture()
+def tour(tmp_path, monkeypatch):
+    """A user's folder, the working directory: a tuned/ folder holding a module, and an empty file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned" / "configs.py").write_text("CONFIGS = {}\n")
+    (tmp_path / "empty.md").touch()
+    return tmp_path
+
+
+def _untouched(tour):
+    assert sorted(str(p.relative_to(tour)) for p in tour.rglob("*")) == ["empty.md", "tuned", "tuned/configs.py"]
+    assert (tour / "tuned" / "configs.py").read_text() == "CONFIGS = {}\n"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--format", "triton", "--out", "tuned/"], "--out tuned/ is a folder; --format triton writes one Python module"),
+    (["--format", "triton", "--out", "e4/"], "--out e4/ is a folder; --format triton writes one Python module"),
+    (["--out", "tuned/configs.py"], "--out tuned/configs.py is a file; --format vllm writes a folder of JSON files"),
+    (["--measured", "empty.md", "--out", "em/"], "empty.md: an empty file, not a gnn-policy database"),
+])
+def test_the_command_refuses_in_one_line(tour, capsys, checkpoint, argv, says):
+    assert main(["export", "--shapes", "64x32", "--gpu", "h200", "--checkpoint", checkpoint, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gnn-policy export: {says}") and err.count("\n") == 1  # one line, no traceback
+    _untouched(tour)
+
+
+def test_top_k_must_be_at_least_one(tour, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["export", "--shapes", "64x32", "--format", "triton", "--top-k", "0", "--out", "e2.py"])
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # argparse's: its usage, then this line
+    assert last == "gnn-policy export: error: argument --top-k: must be at least 1, got 0"
+    with pytest.raises(ValueError, match="--top-k: must be at least 1, got 0"):  # a --config file's value
+        build(ExportArgs, {"out": "e2.py", "top_k": 0})
+    _untouched(tour)
