@@ -3,13 +3,20 @@
 The cost head is trained to rank configs; its TFLOP/s are not to scale (2-4x too high on
 the H200, and above the roofline: docs/BENCHMARKS.md). A calibration maps them, per GPU, to
 
-    calibrated = min(B, R x exp(min(0, intercept + slope x log(predicted / R) + level)))
+    calibrated = min(B, R x exp(min(0, softmin(intercept + slope x log(predicted / R) + level, log C))))
 
 - R, the roofline of the work: FLOPs at the spec's peak or bytes at its bandwidth, whichever
   takes longer. The cost head's efficiency is relative to it (`cost_features.problem_vector`),
   so the fitted line is too.
 - level, the problem's offset from the line, from its shape, layouts, alignments and the
   policy's context for it (`gnn_policy.calibration_level`; 0 in a fit without one).
+- C, the GPU's ceiling: the share of R its best kernels reach (about 0.84 on the H100 and 0.89
+  on the H200 for bf16), and softmin(L, log C) = log C - softplus(s x (log C - L)) / s, a
+  smooth minimum of sharpness s. Without it the line, linear in log sizes, ran on into R for
+  large GEMMs: 8192^3 showed 988 TFLOP/s on the H100, whose best kernels reach about 800; the
+  calibrated figures of 0.8 R or more were 10-12% high on val, and mid efficiencies low
+  (docs/BENCHMARKS.md, "A ceiling in the calibration"). A fit without one (C = 1, s = 0) takes
+  the plain min.
 - B, the bound: R's time plus the GPU's launch floor (`GpuSpec.launch_floor_us`). Under
   CUDA-graph timing no kernel on the H200 took less than 2.5 us, so a tiny problem's R
   (1x2x56x105: 0.003 us) is 1000x faster than any kernel; B is what physics allows, and no
@@ -59,6 +66,13 @@ class Calibration:
     slope: float
     # weights of the per-problem level over `calibration_level.level_features` (empty: no level)
     level: tuple[float, ...] = ()
+    ceiling: float = 1.0  # C, the share of the roofline this GPU's best kernels reach
+    sharpness: float = 0.0  # s of the smooth minimum with log C (0: the plain min at R)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ceiling <= 1 or self.sharpness < 0:
+            raise ValueError(f"calibration of {self.gpu}: ceiling {self.ceiling} must be in (0, 1] "
+                             f"and sharpness {self.sharpness} at least 0")
 
     def apply(self, predicted_tflops: float, roof: float, bound: float, features: Sequence[float] = ()) -> float:
         """The calibrated TFLOP/s of a prediction for a problem whose roofline of the work is
@@ -69,7 +83,17 @@ class Calibration:
                              f"got {len(features)} (calibration_level.level_features)")
         level = sum(w * f for w, f in zip(self.level, features))
         line = self.intercept + self.slope * math.log(predicted_tflops / roof) + level
+        if self.sharpness > 0:
+            line = softmin(line, math.log(self.ceiling), self.sharpness)
         return min(bound, roof * math.exp(min(0.0, line)))
+
+
+def softmin(line: float, cap: float, sharpness: float) -> float:
+    """cap - softplus(sharpness x (cap - line)) / sharpness: below both, and within log(2) / sharpness of
+    the smaller where they differ most (the form `calibration_level.fit_ceiling` fits)."""
+    z = sharpness * (cap - line)
+    softplus = z + math.log1p(math.exp(-z)) if z > 0 else math.log1p(math.exp(z))
+    return cap - softplus / sharpness
 
 
 def path_for(checkpoint: str | Path) -> Path:
@@ -85,7 +109,9 @@ def load(checkpoint: str | Path) -> dict[str, Calibration]:
         return {}
     data = json.loads(path.read_text())
     level = tuple(data.get("level", {}).get("weights", ()))
-    return {gpu: Calibration(gpu, c["intercept"], c["slope"], level) for gpu, c in data["gpus"].items()}
+    sharpness = data.get("level", {}).get("sharpness", 0.0)
+    return {gpu: Calibration(gpu, c["intercept"], c["slope"], level, c.get("ceiling", 1.0), sharpness)
+            for gpu, c in data["gpus"].items()}
 
 
 def calibrated(predicted_tflops: float, problem: GemmProblem, gpu: GpuSpec,

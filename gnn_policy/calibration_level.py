@@ -22,6 +22,7 @@ import math
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from graphs import GemmProblem
 from hardware_specs import GpuSpec
@@ -81,6 +82,49 @@ def fit_level(rows: Sequence[dict], ridge: float = RIDGE) -> tuple[dict[str, tup
     shift = float((w * mean).sum())  # the standardisation's offset, moved into each intercept
     lines = {g: (float(coef[i]) - shift, float(coef[len(gpus) + i])) for i, g in enumerate(gpus)}
     return lines, tuple(float(v) for v in w)
+
+
+def fit_ceiling(rows: Sequence[dict], ridge: float = RIDGE, steps: int = 300
+                ) -> tuple[dict[str, tuple[float, float, float]], tuple[float, ...], float]:
+    """({gpu: (intercept, slope, ceiling)}, w, sharpness): `fit_level`'s model with each GPU's line
+    passed through `calibration.softmin` with log(ceiling), least squares by L-BFGS from
+    `fit_level`'s solution, the same ridge on the standardised level weights."""
+    lines, w0 = fit_level(rows, ridge)
+    gpus = sorted(lines)
+    feats = torch.tensor([r["features"] for r in rows], dtype=torch.float64)
+    x = torch.tensor([math.log(r["predicted"] / r["roof"]) for r in rows], dtype=torch.float64)
+    y = torch.tensor([math.log(r["measured"] / r["roof"]) for r in rows], dtype=torch.float64)
+    at = torch.tensor([gpus.index(r["gpu"]) for r in rows])
+    mean, std = feats.mean(0), feats.std(0)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    z = (feats - mean) / std
+    w = (torch.tensor(w0, dtype=torch.float64) * std).requires_grad_()
+    shift = float((torch.tensor(w0, dtype=torch.float64) * mean).sum())  # back into the intercepts of z's centring
+    a = torch.tensor([lines[g][0] + shift for g in gpus], dtype=torch.float64).requires_grad_()
+    b = torch.tensor([lines[g][1] for g in gpus], dtype=torch.float64).requires_grad_()
+    # log C = -softplus(-raw) keeps every ceiling below the roofline. The start, C = 0.99 and s = 10,
+    # is fit_level's solution to within 1e-6 below 0.3 of the roofline: rows that never come near
+    # it keep their line, and a ceiling forms only where rows press against one
+    raw = torch.full((len(gpus),), math.log(math.expm1(-math.log(0.99))), dtype=torch.float64).neg().requires_grad_()
+    log_s = torch.tensor(math.log(10.0), dtype=torch.float64).requires_grad_()
+    opt = torch.optim.LBFGS([a, b, w, raw, log_s], max_iter=steps, line_search_fn="strong_wolfe")
+
+    def predicted() -> torch.Tensor:
+        cap, s = -F.softplus(-raw)[at], log_s.exp()
+        return cap - F.softplus(s * (cap - (a[at] + b[at] * x + z @ w))) / s
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = ((predicted() - y) ** 2).sum() + ridge * (w ** 2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    weights = (w / std).detach()
+    shift = float((weights * mean).sum())
+    ceilings = (-F.softplus(-raw)).exp().tolist()
+    fitted = {g: (a[i].item() - shift, b[i].item(), ceilings[i]) for i, g in enumerate(gpus)}
+    return fitted, tuple(weights.tolist()), log_s.exp().item()
 
 
 def displayed(predictions: Sequence[float], problem: GemmProblem, gpu: GpuSpec, calibrations: dict,

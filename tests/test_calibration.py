@@ -8,7 +8,7 @@ import hardware_specs
 from graphs import GemmProblem
 from gnn_policy import calibration as cal
 from gnn_policy.benchmarks.calibrate import report
-from gnn_policy.calibration_level import SHAPE_FIELDS, fit_level, shape_features
+from gnn_policy.calibration_level import SHAPE_FIELDS, fit_ceiling, fit_level, shape_features
 
 H200 = hardware_specs.load("h200")
 
@@ -122,6 +122,30 @@ def test_the_level_fit_recovers_a_line_per_gpu_and_one_shared_level():
         fit_level(rows + [_row("train", 1.0, 1.0, gpu="A", features=(1.0, 2.0, 3.0))])
     with pytest.raises(ValueError, match="two distinct"):
         fit_level([_row("train", 2.0, 1.0, gpu="A", features=(1.0,)), _row("train", 2.0, 3.0, gpu="A", features=(2.0,))])
+
+
+def test_the_ceiling_fit_recovers_a_planted_ceiling_and_no_figure_passes_it():
+    """Rows whose line runs into 0.8 of the roofline through the smooth minimum: the fit finds
+    that ceiling, and its calibration follows the rows below it and never shows more."""
+    rows = []
+    for gpu, ceiling in (("A", 0.8), ("B", 0.9)):
+        for i in range(60):
+            f = [math.sin(i), (i % 5) - 2.0]
+            predicted, roof = 2.0 + 8 * i, 400.0
+            line = -0.2 + 1.0 * math.log(predicted / roof) + 0.3 * f[0] - 0.1 * f[1]
+            measured = roof * math.exp(cal.softmin(line, math.log(ceiling), 8.0))
+            rows.append(_row("train", predicted, measured, gpu=gpu, features=f, roof=roof, bound=roof))
+    fitted, level, sharpness = fit_ceiling(rows, ridge=0.0)
+    assert fitted["A"][2] == pytest.approx(0.8, abs=0.01) and fitted["B"][2] == pytest.approx(0.9, abs=0.01)
+    assert sharpness == pytest.approx(8.0, rel=0.1) and level == (pytest.approx(0.3, abs=0.01), pytest.approx(-0.1, abs=0.01))
+    intercept, slope, ceiling = fitted["A"]
+    fit_a = cal.Calibration("A", intercept, slope, level, ceiling, sharpness)
+    assert all(fit_a.apply(r["predicted"], r["roof"], r["bound"], r["features"]) == pytest.approx(r["measured"], rel=0.02)
+               for r in rows if r["gpu"] == "A")
+    assert fit_a.apply(1e6, 400.0, 500.0, [5.0, -5.0]) <= 0.8 * 400.0 * 1.01  # a huge prediction stops at the ceiling
+    assert cal.Calibration("A", 0.0, 1.0).apply(1e6, 400.0, 500.0) == 400.0  # no ceiling: the roofline, as before
+    with pytest.raises(ValueError, match="ceiling 1.2 must be in"):
+        cal.Calibration("A", 0.0, 1.0, ceiling=1.2)
 
 
 def test_a_fit_with_a_level_reads_its_features_and_stays_under_the_bound(tmp_path):

@@ -5,7 +5,7 @@
 For every problem of each `--gpu` with correct real rows, the cost head predicts the TFLOP/s
 of the measured configs and the `--top` it predicts fastest are kept: the configs a user is
 shown first, chosen by prediction, not by outcome. The fit (`gnn_policy.calibration_level`: a
-line per GPU and a level per problem shared by the GPUs) uses the training role (the train
+line per GPU through its ceiling, and a level per problem shared by the GPUs) uses the training role (the train
 families and random-train, `graphs.classes.ROLES`) and is checked on every held-out split
 together (`held_out`: the val and test roles, family and random, so a GPU measured on random
 shapes alone, as the H100, is checked too) and on each alone (`by_split`: random-test is where
@@ -26,7 +26,7 @@ import hardware_specs
 from graphs.classes import ROLES, split_of
 from gnn_policy.args import at_least
 from gnn_policy.calibration import Calibration, errors, fit, path_for, roofline_tflops
-from gnn_policy.calibration_level import RIDGE, SHAPE_FIELDS, fit_level, level_features
+from gnn_policy.calibration_level import RIDGE, SHAPE_FIELDS, fit_ceiling, level_features
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
@@ -61,7 +61,7 @@ def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, to
 
 
 def report(rows: list[dict], ridge: float = RIDGE) -> dict:
-    """The level fit on every GPU's training rows (`calibration_level.fit_level` with `ridge`) and,
+    """The fit on every GPU's training rows (`calibration_level.fit_ceiling` with `ridge`) and,
     per GPU, its figures raw, capped, with its own line alone (`calibration.fit`, no level) and
     calibrated."""
     train = [r for r in rows if r["split"] in ROLES["train"]]
@@ -70,15 +70,17 @@ def report(rows: list[dict], ridge: float = RIDGE) -> dict:
         if not mine or not held:
             raise SystemExit(f"need rows of the training role ({', '.join(ROLES['train'])}) and of a held-out split "
                              f"({', '.join(ROLES['val'] + ROLES['test'])}) on {gpu}; got {len(mine)} and {len(held)}")
-    lines, level = fit_level(train, ridge)
-    weights = tuple(round(w, 6) for w in level)
-    out = {"level": {"fields": list(SHAPE_FIELDS) + ["context"], "ridge": ridge, "weights": list(weights)}, "gpus": {}}
-    for gpu, (intercept, slope) in lines.items():
+    lines, level, sharpness = fit_ceiling(train, ridge)
+    weights, sharpness = tuple(round(w, 6) for w in level), round(sharpness, 4)
+    out = {"level": {"fields": list(SHAPE_FIELDS) + ["context"], "ridge": ridge, "weights": list(weights),
+                     "sharpness": sharpness}, "gpus": {}}
+    for gpu, (intercept, slope, ceiling) in lines.items():
+        intercept, slope, ceiling = round(intercept, 4), round(slope, 4), round(ceiling, 4)
         mine = [r for r in rows if r["gpu"] == gpu]
         own = [r for r in mine if r["split"] in ROLES["train"]]
         line = Calibration(gpu, *fit([r["predicted"] for r in own], [r["measured"] for r in own],
                                      [r["roof"] for r in own]))
-        cal = Calibration(gpu, intercept, slope, weights)
+        cal = Calibration(gpu, intercept, slope, weights, ceiling, sharpness)
 
         def figures(part: list[dict]) -> dict:
             measured = [r["measured"] for r in part]
@@ -89,7 +91,7 @@ def report(rows: list[dict], ridge: float = RIDGE) -> dict:
                                           for r in part], measured),
                     "measured_above_bound": sum(r["measured"] > r["bound"] for r in part)}
 
-        out["gpus"][gpu] = {"intercept": round(intercept, 4), "slope": round(slope, 4),
+        out["gpus"][gpu] = {"intercept": intercept, "slope": slope, "ceiling": ceiling,
                             "train": figures(own), "held_out": figures([r for r in mine if _held(r)]),
                             "by_split": {name: figures([r for r in mine if r["split"] == name])
                                          for name in sorted({r["split"] for r in mine if _held(r)})}}
