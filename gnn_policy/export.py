@@ -55,6 +55,8 @@ class ExportArgs:
     model: str = flag("", "a config.json, a shipped example (llama-3-8b, gpt2, mixtral-8x7b) or module:function")
     shapes: str = flag("", "weight shapes instead of --model: NxK,... (N outputs, K inputs, as nn.Linear)")
     tokens: str = flag("", "token counts (M), comma-separated; empty: 1,16,128,2048")
+    tp: int = flag(1, "tensor-parallel degree of --model: export one GPU's share of its GEMMs, as vLLM splits "
+                      "them (and names its MoE files)", check=at_least(1))
     measured: str = flag("", "pick from the real measurements in this database instead of the policy")
     gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
     dtype: str = flag("bf16", "fp16 or bf16")
@@ -102,10 +104,12 @@ def gemms(args: ExportArgs) -> tuple[list[tuple[int | None, str, GemmProblem]], 
     if bool(args.model) == bool(args.shapes):
         raise ExportError("give --model or --shapes, one of them")
     if args.shapes:
+        if args.tp != 1:
+            raise ExportError("--tp splits the GEMMs of a --model config; --shapes are one GPU's shapes already")
         tokens = parse_tokens(args.tokens) if args.tokens else DEFAULT_TOKENS
         return [(t, f"{n}x{k}", GemmProblem(t, n, k, dtype=args.dtype, b_layout="col"))
                 for t in tokens for n, k in _parse_shapes(args.shapes)], [], None
-    model = model_rows(args.model, args.tokens, args.dtype)
+    model = model_rows(args.model, args.tokens, args.dtype, args.tp)
     return ([(r["tokens"], ", ".join(r["layers"]), r["problem"]) for r in model.rows],
             [{"what": w, "why": y} for w, y in model.skipped], model.config)
 
@@ -177,7 +181,9 @@ def vllm_files(found: Iterable[tuple[int | None, str, GemmProblem]], spec: Any, 
         plain = dataclasses.replace(problem, bias=False, activation=None, residual=False)
         if "experts." in layer and spec is not None:
             down = "down" in layer
-            name = f"E={spec.experts},N={spec.expert_intermediate},device_name={device}" + ("_down" if down else "")
+            # vLLM's N is one GPU's expert intermediate size: Mixtral's 14336 is N=7168 at --tp 2
+            name = (f"E={spec.experts},N={spec.expert_intermediate // spec.tp},device_name={device}"
+                    + ("_down" if down else ""))
         elif problem.batch == 1 and problem.b_layout == "col" and tokens is not None:
             name = f"N={problem.n},K={problem.k},device_name={device}"
         else:

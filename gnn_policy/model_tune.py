@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from graphs import GemmProblem
-from graphs.model_config import config_path, examples, load_config, model_gemms, skipped
+from graphs.model_config import config_path, examples, load_config, model_gemms, sharded, skipped
 
 
 DEFAULT_TOKENS = (1, 16, 128, 2048)
@@ -130,13 +130,17 @@ class ModelRows:
     config: Any = None  # the parsed config.json (graphs.model_config.ModelSpec); None for module:function
 
 
-def model_rows(spec: str, tokens: str, dtype: str) -> ModelRows:
-    """A SPEC's distinct GEMMs per token count (`tokens` as --tokens gives it; empty: DEFAULT_TOKENS)."""
+def model_rows(spec: str, tokens: str, dtype: str, tp: int = 1) -> ModelRows:
+    """A SPEC's distinct GEMMs per token count (`tokens` as --tokens gives it; empty: DEFAULT_TOKENS),
+    one GPU's share of them under `tp`-way tensor parallelism (`graphs.model_config.sharded`)."""
     counts = parse_tokens(tokens) if tokens else None
     if is_config(spec):
-        config = load_config(spec)
+        config = sharded(load_config(spec), tp)
         return ModelRows(config.name, distinct_rows(_config_calls(config, counts, dtype)), skipped(config),
                          config_path(spec), config)
+    if tp != 1:
+        raise ModelSpecError(f"--tp splits a config.json's GEMMs as vLLM does; --model {spec!r} is traced, and its "
+                             "example inputs set its shapes: leave --tp out")
     name, calls, left_out = model_gemm_list(spec, counts, dtype)
     where = spec.rpartition(":")[0]  # model_gemm_list imported it, so a module is in sys.modules by now
     source = Path(where) if where.endswith(".py") else Path(sys.modules[where].__file__)
@@ -171,7 +175,7 @@ def run(args: Any) -> dict:
 
     if args.measure:
         _need_cuda()
-    model = model_rows(args.model, args.tokens, args.dtype)
+    model = model_rows(args.model, args.tokens, args.dtype, args.tp)
     gpu = gpu_of(args.gpu)
     checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
     policy, fits = Policy.load(checkpoint), calibration.load(checkpoint)
@@ -185,7 +189,7 @@ def run(args: Any) -> dict:
         tflops, fitted = displayed([pick.predicted_tflops], problem, gpu, fits, policy)[0]
         row.update(shape=shape(problem), problem=problem.key, layouts=f"{problem.a_layout}/{problem.b_layout}",
                    epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=round(tflops, 1))
-    out = {"model": model.name, "gpu": gpu.name, "checkpoint": str(checkpoint), "calibrated": fitted,
+    out = {"model": model.name, "tp": args.tp, "gpu": gpu.name, "checkpoint": str(checkpoint), "calibrated": fitted,
            "picks_ms": round(1e3 * (time.perf_counter() - start), 1), "rows": rows,
            "skipped": [{"what": what, "why": why} for what, why in model.skipped]}
     if args.measure:
@@ -230,7 +234,8 @@ def measure_rows(rows: list[dict], gpu: Any) -> list[dict]:
 def table(out: dict) -> str:
     """The rows as a text table, then what was skipped and, when measured, the totals."""
     figure = "calibrated" if out["calibrated"] else "capped at the roofline, uncalibrated"
-    lines = [f"{out['model']} on {out['gpu']}: {len(out['rows'])} distinct GEMMs, picked in {out['picks_ms']} ms "
+    share = f" (one GPU's share at --tp {out['tp']})" if out.get("tp", 1) > 1 else ""
+    lines = [f"{out['model']}{share} on {out['gpu']}: {len(out['rows'])} distinct GEMMs, picked in {out['picks_ms']} ms "
              f"(predicted TFLOP/s {figure})"]
     measured = "totals" in out
     head = ["tokens", "layers", "calls", "shape", "A/B", "epilogue", "first pick", "pred TF/s"]

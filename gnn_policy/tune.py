@@ -34,6 +34,8 @@ class TuneArgs:
     model: str = flag("", "tune a model instead: a config.json (or a shipped example: llama-3-8b, gpt2, "
                           "mixtral-8x7b) or module:function returning (nn.Module, example inputs)")
     tokens: str = flag("", "token counts for --model, comma-separated; empty: 1,16,128,2048")
+    tp: int = flag(1, "tensor-parallel degree of a --model config: one GPU's share of its GEMMs, split as vLLM "
+                      "splits them (column-parallel N / tp, row-parallel K / tp)", check=at_least(1))
 
 
 class TuneError(ValueError):
@@ -44,7 +46,11 @@ def run(args: TuneArgs) -> dict:
     if args.model:
         from gnn_policy.model_tune import run as run_model
 
+        if args.m or args.n or args.k:
+            raise TuneError("--model tunes the model's own GEMMs: leave --m, --n and --k out")
         return run_model(args)
+    if args.tp != 1:
+        raise TuneError("--tp splits the GEMMs of a --model config: give --model, or the shapes of one GPU's share")
     if not (args.m and args.n and args.k):
         raise TuneError("give --m, --n and --k (one GEMM) or --model (a config.json or module:function)")
     import torch

@@ -10,6 +10,9 @@ Llama's; any other `model_type` (BERT, Phi-3's fused projections, DeepSeek's lat
 other GEMMs) is refused rather than read as a Llama it is not. A missing or ill-typed field is
 a `ConfigError` that names it.
 
+`sharded(spec, tp)` makes the GEMMs one GPU's share under tensor parallelism, split as vLLM
+splits the layers.
+
 Every layer is an `nn.Linear` (y = x W^T with W [out, in] contiguous), so A is row-major and
 B column-major; HF's GPT-2 stores its Conv1D weights [in, out] instead, so its layers here are
 nanoGPT's. Epilogues follow graphs.suite: the bias where the model has one, the activation
@@ -63,6 +66,7 @@ class ModelSpec:
     expert_intermediate: int = 0
     shared_intermediate: int = 0  # Qwen2-MoE's always-on shared expert
     quantization: str = ""
+    tp: int = 1  # tensor-parallel degree: the GEMMs are one GPU's share (`sharded`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +168,25 @@ def load_config(path: str | Path) -> ModelSpec:
     return parse_config(cfg, path.stem, str(path))
 
 
+def sharded(spec: ModelSpec, tp: int) -> ModelSpec:
+    """The spec whose GEMMs are one GPU's share under `tp`-way tensor parallelism, split as vLLM
+    splits a model: column-parallel layers (q/k/v, gate/up, GPT-2's c_attn and c_fc, the experts'
+    gate_up, lm_head over the vocabulary) take N / tp, row-parallel ones (o_proj, down_proj,
+    c_proj) K / tp and lose their fused epilogue (their partial sums are all-reduced first, and
+    the bias and residual are added after). KV heads fewer than tp are replicated, one a GPU."""
+    if not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"tensor-parallel degree must be a positive int, got {tp!r}")
+    kv_ok = spec.kv_heads % tp == 0 or tp % spec.kv_heads == 0
+    for what, value in (("attention head count", spec.heads), ("intermediate size", spec.intermediate),
+                        ("expert intermediate size", spec.expert_intermediate or tp),
+                        ("shared expert intermediate size", spec.shared_intermediate or tp)):
+        if value % tp:
+            raise ConfigError(f"{spec.name}: its {what}, {value}, does not split over --tp {tp}")
+    if not kv_ok:
+        raise ConfigError(f"{spec.name}: its {spec.kv_heads} KV heads neither split over nor replicate to --tp {tp}")
+    return dataclasses.replace(spec, tp=tp)
+
+
 def _linear(spec: ModelSpec, layer: str, tokens: int, n: int, k: int, dtype: str, count: int, *,
             bias: bool = False, activation: str | None = None, residual: bool = False, batch: int = 1) -> ModelGemm:
     problem = GemmProblem(tokens, n, k, batch=batch, dtype=dtype, b_layout="col", bias=bias,
@@ -172,23 +195,23 @@ def _linear(spec: ModelSpec, layer: str, tokens: int, n: int, k: int, dtype: str
 
 
 def _mlp(spec: ModelSpec, prefix: str, tokens: int, inter: int, dtype: str) -> list[ModelGemm]:
-    act, layers, h = FUSED_ACTIVATIONS.get(spec.activation), spec.layers, spec.hidden
+    act, layers, h, inter = FUSED_ACTIVATIONS.get(spec.activation), spec.layers, spec.hidden, inter // spec.tp
+    out_bias, out_residual = spec.mlp_bias and spec.tp == 1, spec.tp == 1  # row-parallel: added after the all-reduce
     if not spec.gated:
         return [_linear(spec, f"{prefix}.c_fc", tokens, inter, h, dtype, layers, bias=spec.mlp_bias, activation=act),
-                _linear(spec, f"{prefix}.c_proj", tokens, h, inter, dtype, layers, bias=spec.mlp_bias, residual=True)]
+                _linear(spec, f"{prefix}.c_proj", tokens, h, inter, dtype, layers, bias=out_bias, residual=out_residual)]
     return [_linear(spec, f"{prefix}.gate_proj", tokens, inter, h, dtype, layers, bias=spec.mlp_bias, activation=act),
             _linear(spec, f"{prefix}.up_proj", tokens, inter, h, dtype, layers, bias=spec.mlp_bias),
-            _linear(spec, f"{prefix}.down_proj", tokens, h, inter, dtype, layers, bias=spec.mlp_bias, residual=True)]
+            _linear(spec, f"{prefix}.down_proj", tokens, h, inter, dtype, layers, bias=out_bias, residual=out_residual)]
 
 
 def _experts(spec: ModelSpec, tokens: int, dtype: str) -> list[ModelGemm]:
     rows = tokens * spec.top_k
     m, batch, layers = math.ceil(rows / spec.experts), min(spec.experts, rows), spec.layers
+    inter = spec.expert_intermediate // spec.tp  # the router is replicated, the experts split their intermediate
     out = [_linear(spec, "mlp.gate (router)", tokens, spec.experts, spec.hidden, dtype, layers),
-           _linear(spec, "mlp.experts.gate_up_proj", m, 2 * spec.expert_intermediate, spec.hidden, dtype,
-                   layers, batch=batch),
-           _linear(spec, "mlp.experts.down_proj", m, spec.hidden, spec.expert_intermediate, dtype, layers,
-                   batch=batch)]
+           _linear(spec, "mlp.experts.gate_up_proj", m, 2 * inter, spec.hidden, dtype, layers, batch=batch),
+           _linear(spec, "mlp.experts.down_proj", m, spec.hidden, inter, dtype, layers, batch=batch)]
     if spec.shared_intermediate:
         out += _mlp(spec, "mlp.shared_expert", tokens, spec.shared_intermediate, dtype)
     return out
@@ -198,19 +221,19 @@ def model_gemms(spec: ModelSpec, tokens: int, dtype: str = "bf16") -> list[Model
     """Every weight GEMM of one forward pass over `tokens` tokens, in layer order."""
     if not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens must be a positive int, got {tokens!r}")
-    h, layers = spec.hidden, spec.layers
+    h, layers, tp, whole = spec.hidden, spec.layers, spec.tp, spec.tp == 1
+    o_bias = (spec.bias if spec.o_bias is None else spec.o_bias) and whole
     if spec.gated:
-        q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+        q, kv = spec.heads * spec.head_dim // tp, max(spec.kv_heads // tp, 1) * spec.head_dim
         attn = [_linear(spec, "self_attn.q_proj", tokens, q, h, dtype, layers, bias=spec.bias),
                 _linear(spec, "self_attn.k_proj", tokens, kv, h, dtype, layers, bias=spec.bias),
                 _linear(spec, "self_attn.v_proj", tokens, kv, h, dtype, layers, bias=spec.bias),
-                _linear(spec, "self_attn.o_proj", tokens, h, q, dtype, layers,
-                        bias=spec.bias if spec.o_bias is None else spec.o_bias, residual=True)]
+                _linear(spec, "self_attn.o_proj", tokens, h, q, dtype, layers, bias=o_bias, residual=whole)]
     else:
-        attn = [_linear(spec, "attn.c_attn", tokens, 3 * h, h, dtype, layers, bias=spec.bias),
-                _linear(spec, "attn.c_proj", tokens, h, h, dtype, layers, bias=spec.bias, residual=True)]
+        attn = [_linear(spec, "attn.c_attn", tokens, 3 * h // tp, h, dtype, layers, bias=spec.bias),
+                _linear(spec, "attn.c_proj", tokens, h, h // tp, dtype, layers, bias=o_bias, residual=whole)]
     mlp = _experts(spec, tokens, dtype) if spec.experts else _mlp(spec, "mlp", tokens, spec.intermediate, dtype)
-    return attn + mlp + [_linear(spec, "lm_head", tokens, spec.vocab, h, dtype, 1)]
+    return attn + mlp + [_linear(spec, "lm_head", tokens, -(-spec.vocab // tp), h, dtype, 1)]
 
 
 def skipped(spec: ModelSpec) -> list[tuple[str, str]]:

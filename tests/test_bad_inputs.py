@@ -182,6 +182,7 @@ VALUES = [  # argv, the flag or value the message names
     ([*TUNE, "--dtype", "int8"], "'int8' is not one of 'fp16', 'bf16', 'fp32'"),
     ([*TUNE, "--activation", "tanh"], "'tanh' is not one of 'none', 'relu'"),
     ([*TUNE, "--b-layout", "colmajor"], "'colmajor' is not one of 'row', 'col'"),
+    ([*TUNE, "--tp", "0"], "argument --tp: must be at least 1"),
     ([*TUNE, "--top-k", "0"], "argument --top-k"),
     (["tune", "--m", "16", "--n", "64", "--k", "1000000000000"], "more than the 2**31 the template addresses"),
     (["tune", "--m", "65536", "--n", "65536", "--k", "16"], "C spans 65536 x 65536"),

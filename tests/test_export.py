@@ -73,6 +73,17 @@ def test_measured_picks_the_fastest_the_kernel_can_run(tmp_path):
     assert read_triton(tmp_path / "t.py") == {problem.key: [split, plain, slow]}
 
 
+def test_a_tensor_parallel_export_names_one_gpus_share_as_vllm_does(tmp_path, checkpoint):
+    out = run(ExportArgs(out=str(tmp_path), model="mixtral-8x7b", tokens="64", tp=2, gpu="h200", checkpoint=checkpoint))
+    assert {"E=8,N=7168,device_name=NVIDIA_H200.json", "N=2048,K=4096,device_name=NVIDIA_H200.json",
+            "N=4096,K=2048,device_name=NVIDIA_H200.json"} <= set(out["written"])
+    demos, _ = load_demonstrations(tmp_path)  # the importer reads the share back as the GEMM one GPU runs
+    up = next(d.problem for d in demos if d.origin.startswith("E=8") and "down" not in d.origin)
+    assert (up.batch, up.m, up.n, up.k) == (8, 16, 14336, 4096)
+    with pytest.raises(ExportError, match="--shapes are one GPU's shapes already"):
+        run(ExportArgs(out=str(tmp_path), shapes="8x8", tp=2))
+
+
 def test_flags_that_cannot_export(tmp_path):
     with pytest.raises(ExportError, match="--model or --shapes"):
         run(ExportArgs(out=str(tmp_path), model="gpt2", shapes="8x8"))

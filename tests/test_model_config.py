@@ -91,3 +91,23 @@ def test_a_model_type_of_another_schema_is_refused_and_qwen2_biases_q_k_v_alone(
     assert model_gemms(parse_config(unset), 16) == model_gemms(parse_config(cfg), 16)
     llama = {g.layer: g.problem.bias for g in model_gemms(parse_config({**cfg, "attention_bias": True}), 16)}
     assert llama["self_attn.o_proj"] and llama["self_attn.q_proj"]
+
+
+def test_tensor_parallel_shares_split_n_or_k_as_vllm_does():
+    from graphs.model_config import sharded
+
+    llama = load_config("llama-3-8b")
+    half = {g.layer: g.problem for g in model_gemms(sharded(llama, 2), 16)}
+    assert (half["self_attn.q_proj"].n, half["self_attn.k_proj"].n, half["mlp.gate_proj"].n) == (2048, 512, 7168)
+    assert half["mlp.gate_proj"].activation == "silu"  # column-parallel: the epilogue stays
+    down = half["mlp.down_proj"]
+    assert (down.n, down.k, down.residual, down.bias) == (4096, 7168, False, False)  # row-parallel: all-reduced first
+    assert half["self_attn.o_proj"].k == 2048 and not half["self_attn.o_proj"].residual
+    assert half["lm_head"].n == 64128
+    assert {g.layer: g.problem.n for g in model_gemms(sharded(llama, 16), 1)}["self_attn.k_proj"] == 128  # KV replicated
+    assert model_gemms(sharded(llama, 1), 16) == model_gemms(llama, 16)
+    experts = {g.layer: g.problem for g in model_gemms(sharded(load_config("mixtral-8x7b"), 2), 16)}
+    assert experts["mlp.experts.gate_up_proj"].n == 14336 and experts["mlp.experts.down_proj"].k == 7168
+    assert experts["mlp.gate (router)"].n == 8  # the router is replicated
+    with pytest.raises(ConfigError, match="attention head count, 32, does not split over --tp 3"):
+        sharded(llama, 3)

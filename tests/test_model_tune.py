@@ -9,7 +9,7 @@ import torch
 
 import hardware_specs
 from gnn_policy.model import ModelConfig, PolicyModel
-from gnn_policy.model_tune import ModelSpecError, distinct_rows, model_gemm_list, parse_tokens, run, table
+from gnn_policy.model_tune import ModelSpecError, distinct_rows, model_gemm_list, model_rows, parse_tokens, run, table
 from gnn_policy.tune import TuneArgs, TuneError, run as run_tune
 
 H200 = hardware_specs.load("h200")
@@ -94,6 +94,12 @@ def test_cli_names_the_bad_field_and_refuses_measure_without_cuda(tmp_path, chec
     assert res.returncode == 2 and "field 'n_head' must be a positive integer, got '12' (str)" in res.stderr
     with pytest.raises(TuneError, match="give --m, --n and --k"):
         run_tune(TuneArgs(m=16))
+    with pytest.raises(TuneError, match="leave --m, --n and --k out"):
+        run_tune(TuneArgs(model="gpt2", m=16))
+    with pytest.raises(TuneError, match="--tp splits the GEMMs of a --model config"):
+        run_tune(TuneArgs(m=16, n=16, k=16, tp=2))
+    with pytest.raises(ModelSpecError, match="leave --tp out"):
+        model_rows("gnn_policy.benchmarks.blocks:gpt2_block", "16", "bf16", tp=2)
     if not torch.cuda.is_available():
         res = subprocess.run(cli + ["--model", "gpt2", "--tokens", "1", "--measure"], capture_output=True, text=True)
         assert res.returncode == 2 and "--measure needs a CUDA GPU" in res.stderr
