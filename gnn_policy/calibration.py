@@ -43,18 +43,30 @@ from graphs import GemmProblem
 from hardware_specs import GpuSpec
 
 
-def roofline_us(problem: GemmProblem, gpu: GpuSpec, floor: bool = True) -> float:
+def roofline_us(problem: GemmProblem, gpu: GpuSpec, floor: bool = True, tf32: bool = True) -> float:
     """The least time any kernel can take for `problem` on `gpu`, in microseconds: peak FLOP/s or
     bandwidth, whichever binds, plus the launch floor (without it when `floor` is False: the
-    work alone)."""
-    peak = gpu.peak("tf32" if problem.dtype == "fp32" else problem.dtype) * 1e12
+    work alone). fp32 runs at the TF32 tensor-core peak, or with `tf32` False at the plain fp32
+    one (what the cost model reads is the former; `calibrated` bounds by what torch's setting runs)."""
+    peak = gpu.peak(("tf32" if tf32 else "fp32") if problem.dtype == "fp32" else problem.dtype) * 1e12
     work = max(problem.flops / peak, problem.bytes_min() / (gpu.memory_bandwidth_gbps * 1e9)) * 1e6
     return work + gpu.launch_floor_us if floor else work
 
 
-def roofline_tflops(problem: GemmProblem, gpu: GpuSpec, floor: bool = True) -> float:
+def roofline_tflops(problem: GemmProblem, gpu: GpuSpec, floor: bool = True, tf32: bool = True) -> float:
     """The fastest any kernel can run `problem` on `gpu`, in TFLOP/s (`roofline_us`)."""
-    return problem.flops / roofline_us(problem, gpu, floor) / 1e6
+    return problem.flops / roofline_us(problem, gpu, floor, tf32) / 1e6
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 products run on TF32 tensor cores, as torch's matmul setting says (the
+    template follows it: `kernels.launch`); False by default in torch."""
+    import torch
+
+    try:
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:  # torch refuses the legacy flag once fp32_precision was set
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +80,7 @@ class Calibration:
     level: tuple[float, ...] = ()
     ceiling: float = 1.0  # C, the share of the roofline this GPU's best kernels reach
     sharpness: float = 0.0  # s of the smooth minimum with log C (0: the plain min at R)
+    dtypes: tuple[str, ...] = ()  # the dtypes of the rows it was fitted on (empty: unrecorded, any)
 
     def __post_init__(self) -> None:
         if not 0 < self.ceiling <= 1 or self.sharpness < 0:
@@ -110,19 +123,28 @@ def load(checkpoint: str | Path) -> dict[str, Calibration]:
     data = json.loads(path.read_text())
     level = tuple(data.get("level", {}).get("weights", ()))
     sharpness = data.get("level", {}).get("sharpness", 0.0)
-    return {gpu: Calibration(gpu, c["intercept"], c["slope"], level, c.get("ceiling", 1.0), sharpness)
+    return {gpu: Calibration(gpu, c["intercept"], c["slope"], level, c.get("ceiling", 1.0), sharpness,
+                             tuple(c.get("dtypes", ())))
             for gpu, c in data["gpus"].items()}
+
+
+def bound_tflops(problem: GemmProblem, gpu: GpuSpec) -> float:
+    """The bound a displayed figure stays under: the roofline with the launch floor, at the
+    precision torch's setting runs fp32 in (`tf32_enabled`)."""
+    return roofline_tflops(problem, gpu, tf32=problem.dtype != "fp32" or tf32_enabled())
 
 
 def calibrated(predicted_tflops: float, problem: GemmProblem, gpu: GpuSpec,
                calibrations: dict[str, Calibration], features: Sequence[float] = ()) -> tuple[float, bool]:
     """(figure, whether a fit for this GPU made it): the calibrated TFLOP/s, or without a fit
-    the cost head's capped at the bound (the roofline with the launch floor). `features`: the
+    for this GPU and dtype the cost head's capped at the bound (the roofline with the launch
+    floor; for fp32, at the TF32 peak only where torch's setting runs TF32). `features`: the
     problem's level features where the fit has a level (`calibration_level.displayed` passes them)."""
-    bound = roofline_tflops(problem, gpu)
-    if gpu.name in calibrations:
+    bound = bound_tflops(problem, gpu)
+    fitted = calibrations.get(gpu.name)
+    if fitted and (not fitted.dtypes or problem.dtype in fitted.dtypes):
         roof = roofline_tflops(problem, gpu, floor=False)
-        return calibrations[gpu.name].apply(predicted_tflops, roof, bound, features), True
+        return fitted.apply(predicted_tflops, roof, bound, features), True
     return min(predicted_tflops, bound), False
 
 

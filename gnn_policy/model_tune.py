@@ -233,7 +233,7 @@ def measure_rows(rows: list[dict], gpu: Any) -> list[dict]:
 
 def table(out: dict) -> str:
     """The rows as a text table, then what was skipped and, when measured, the totals."""
-    figure = "calibrated" if out["calibrated"] else "capped at the roofline, uncalibrated"
+    figure = "calibrated" if out["calibrated"] else "not calibrated for this GPU and dtype: capped at the roofline"
     share = f" (one GPU's share at --tp {out['tp']})" if out.get("tp", 1) > 1 else ""
     lines = [f"{out['model']}{share} on {out['gpu']}: {len(out['rows'])} distinct GEMMs, picked in {out['picks_ms']} ms "
              f"(predicted TFLOP/s {figure})"]

@@ -80,7 +80,7 @@ def run(args: TuneArgs) -> dict:
     fits = calibration.load(args.checkpoint or DEFAULT_CHECKPOINT)
     shown = displayed([p.predicted_tflops for p in picks], problem, gpu, fits, policy)
     out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": elapsed_ms,
-           "roofline_tflops": significant(calibration.roofline_tflops(problem, gpu)),
+           "roofline_tflops": significant(calibration.bound_tflops(problem, gpu)),
            "calibrated": bool(shown) and shown[0][1],
            "picks": [{"config": p.config.key, "probability": round(p.probability, 5),
                       "predicted_tflops": significant(tf), "predicted_us": significant(problem.flops / (tf * 1e6))}
@@ -118,7 +118,8 @@ def _measure(problem, gpu, configs, rows: list[dict]) -> dict:
 
 
 def table(out: dict) -> str:
-    how = "calibrated on measurements" if out["calibrated"] else "not calibrated for this GPU, capped"
+    how = ("calibrated on measurements" if out["calibrated"] else
+           "not calibrated (no fit for this GPU and dtype): the cost head's, capped")
     lines = [f"{out['problem']} on {out['gpu']} (ranked in {out['prediction_ms']} ms); predicted TFLOP/s "
              f"{how} (roofline {out['roofline_tflops']})",
              f"{'#':>2}  {'config':<40} {'prob':>8} {'pred TF/s':>10} {'pred us':>9}"

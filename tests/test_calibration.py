@@ -69,7 +69,7 @@ def test_calibration_file_beside_the_checkpoint(tmp_path):
 
 def _row(split, predicted, measured, gpu="X", features=(0.0,), roof=100.0, bound=90.0):
     return {"gpu": gpu, "split": split, "predicted": predicted, "measured": measured, "roof": roof, "bound": bound,
-            "features": list(features)}
+            "features": list(features), "dtype": "bf16"}
 
 
 def test_report_fits_on_train_and_checks_on_the_rest():
@@ -217,3 +217,20 @@ def test_the_policy_context_is_its_encoding_and_is_cached_with_the_scores(ckpt):
         h, _ = policy.encode(p, H200)
         assert policy.context(p, H200) == pytest.approx(h[0].tolist(), abs=1e-6)
     assert bounded.scores(p, H200).context is bounded.scores(p, H200).context
+
+
+def test_a_fit_applies_to_its_own_dtypes_and_fp32_is_bounded_by_what_torch_runs():
+    import torch
+
+    fits = {H200.name: cal.Calibration(H200.name, -1.0, 1.0, dtypes=("bf16", "fp16"))}
+    p16, p32 = GemmProblem(4096, 4096, 4096, dtype="fp16"), GemmProblem(4096, 4096, 4096, dtype="fp32")
+    assert cal.calibrated(100.0, p16, H200, fits) == (pytest.approx(100.0 / math.e), True)
+    setting = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False  # torch's default: IEEE fp32
+        assert cal.calibrated(400.0, p32, H200, fits) == (pytest.approx(cal.roofline_tflops(p32, H200, tf32=False)), False)
+        assert cal.bound_tflops(p32, H200) < 1.01 * H200.peak("fp32")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert cal.calibrated(400.0, p32, H200, fits) == (400.0, False)  # under the TF32 bound, no fit: as predicted
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = setting

@@ -56,7 +56,7 @@ def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, to
         features = level_features(problem, gpu, h[0].tolist())
         best = sorted(zip(predicted, configs), key=lambda x: -x[0])[:top]
         rows += [{"gpu": gpu.name, "split": split, "predicted": p, "measured": measured[c], "roof": roof,
-                  "bound": bound, "features": features} for p, c in best]
+                  "bound": bound, "features": features, "dtype": problem.dtype} for p, c in best]
     return rows
 
 
@@ -80,7 +80,8 @@ def report(rows: list[dict], ridge: float = RIDGE) -> dict:
         own = [r for r in mine if r["split"] in ROLES["train"]]
         line = Calibration(gpu, *fit([r["predicted"] for r in own], [r["measured"] for r in own],
                                      [r["roof"] for r in own]))
-        cal = Calibration(gpu, intercept, slope, weights, ceiling, sharpness)
+        dtypes = tuple(sorted({r["dtype"] for r in own}))
+        cal = Calibration(gpu, intercept, slope, weights, ceiling, sharpness, dtypes)
 
         def figures(part: list[dict]) -> dict:
             measured = [r["measured"] for r in part]
@@ -91,7 +92,7 @@ def report(rows: list[dict], ridge: float = RIDGE) -> dict:
                                           for r in part], measured),
                     "measured_above_bound": sum(r["measured"] > r["bound"] for r in part)}
 
-        out["gpus"][gpu] = {"intercept": intercept, "slope": slope, "ceiling": ceiling,
+        out["gpus"][gpu] = {"intercept": intercept, "slope": slope, "ceiling": ceiling, "dtypes": list(dtypes),
                             "train": figures(own), "held_out": figures([r for r in mine if _held(r)]),
                             "by_split": {name: figures([r for r in mine if r["split"] == name])
                                          for name in sorted({r["split"] for r in mine if _held(r)})}}

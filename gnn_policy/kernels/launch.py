@@ -12,6 +12,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gnn_policy.calibration import tf32_enabled
 from gnn_policy.kernels.matmul import ACTIVATIONS, even_k, grid, matmul_kernel, workspace_shape
 from gnn_policy.kernels.persistent import persistent_kernel, streamk_kernel, streamk_split, units
 from gnn_policy.space import PERSISTENT_VARIANTS, TMA_VARIANTS, TileConfig, Violation
@@ -130,11 +131,7 @@ def _dot_precision(a: torch.Tensor) -> str:
     """fp32 follows torch's matmul setting; fp16 / bf16 ignore it."""
     if a.dtype != torch.float32 or a.device.type == "cpu":
         return "tf32"
-    try:
-        tf32 = torch.backends.cuda.matmul.allow_tf32
-    except RuntimeError:  # torch refuses the legacy flag once fp32_precision was set
-        tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"
-    return "tf32" if tf32 else "ieee"
+    return "tf32" if tf32_enabled() else "ieee"
 
 
 def _output_descriptor(c3: torch.Tensor, config: TileConfig) -> tuple[TensorDescriptor | None, int]:
