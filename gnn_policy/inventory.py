@@ -76,6 +76,7 @@ def format_table(cols: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def run_specs(args: SpecsArgs) -> int:
     names = hardware_specs.available()
+    space = space_table(args.gpu) if args.space else ""  # a bad --gpu fails before anything is printed
     if args.json:
         print(json.dumps([hardware_specs.load(n).as_dict() for n in names], indent=1))
     else:
@@ -83,7 +84,7 @@ def run_specs(args: SpecsArgs) -> int:
     if args.space:
         print()
         print("valid configs per space (size in brackets), rules of gnn_policy.space.violations:")
-        print(space_table(args.gpu))
+        print(space)
     return 0
 
 

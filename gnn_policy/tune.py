@@ -82,8 +82,9 @@ def run(args: TuneArgs) -> dict:
     out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": elapsed_ms,
            "roofline_tflops": significant(calibration.bound_tflops(problem, gpu)),
            "calibrated": bool(shown) and shown[0][1],
-           "picks": [{"config": p.config.key, "probability": round(p.probability, 5),
-                      "predicted_tflops": significant(tf), "predicted_us": significant(problem.flops / (tf * 1e6))}
+           "picks": [{"config": p.config.key, "fields": dataclasses.asdict(p.config),
+                      "probability": round(p.probability, 5), "predicted_tflops": significant(tf),
+                      "predicted_us": significant(problem.flops / (tf * 1e6))}
                      for p, (tf, _) in zip(picks, shown)]}
     if args.measure:
         out.update(_measure(problem, gpu, [p.config for p in picks], out["picks"]))

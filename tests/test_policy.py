@@ -86,6 +86,7 @@ def test_tune_cli_prints_json_picks(checkpoint):
     out = json.loads(res.stdout)
     assert out["problem"] == P.key and len(out["picks"]) == 4 and out["prediction_ms"] > 0
     for pick in out["picks"]:  # the time and the rate shown are one prediction, within rounding
+        assert TileConfig(**pick["fields"]).key == pick["config"]
         assert 0 < pick["predicted_tflops"] <= out["roofline_tflops"]
         assert pick["predicted_us"] * pick["predicted_tflops"] * 1e6 == pytest.approx(P.flops, rel=2e-3)
 
