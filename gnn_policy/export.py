@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -251,6 +252,25 @@ def _out(args: ExportArgs) -> Path:
     return out
 
 
+def _write(texts: dict[Path, str]) -> None:
+    """Write every file or none: each goes to a temporary name first and is renamed once all are
+    written; a folder or disk that refuses them is an ExportError naming the path."""
+    done: list[Path] = []
+    try:
+        for path, text in texts.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(text)
+            done.append(tmp)
+    except OSError as exc:
+        for tmp in done:
+            tmp.unlink(missing_ok=True)
+        raise ExportError(f"cannot write {exc.filename or next(iter(texts))}: {exc.strerror or exc}; "
+                          "nothing was written") from None
+    for tmp in done:
+        os.replace(tmp, tmp.with_name(tmp.name.removesuffix(".tmp")))
+
+
 def _nothing_exported(skipped: list[dict]) -> ExportError:
     if not skipped:
         return ExportError("nothing to export: no GEMM found; no file written")
@@ -280,16 +300,13 @@ def run(args: ExportArgs) -> dict:
         files, more = vllm_files(found, spec, device_name(gpu), pick)
         if not files:
             raise _nothing_exported(more or skipped)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, entries in files.items():
-            (out / name).write_text(json.dumps(entries, indent=4) + "\n")
+        _write({out / name: json.dumps(entries, indent=4) + "\n" for name, entries in files.items()})
         written = {name: sorted(int(m) for m in entries) for name, entries in files.items()}
     else:
         text, table, more = triton_module(found, gpu.name, source, args.names, args.top_k, pick)
         if not table:
             raise _nothing_exported(more or skipped)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        _write({out: text})
         written = {str(out): sorted(table)}
     return {"format": args.format, "gpu": gpu.name, "source": source, "out": str(out), "written": written,
             "skipped": skipped + more}

@@ -196,3 +196,21 @@ def test_top_k_must_be_at_least_one(tour, capsys):
     with pytest.raises(ValueError, match="--top-k: must be at least 1, got 0"):  # a --config file's value
         build(ExportArgs, {"out": "e2.py", "top_k": 0})
     _untouched(tour)
+
+
+def test_a_write_that_fails_part_way_is_one_error_and_leaves_nothing(tmp_path, checkpoint, monkeypatch):
+    """vllm writes several files: a disk that refuses the second leaves none of them, not a half set."""
+    from pathlib import Path
+
+    write_text, calls = Path.write_text, []
+
+    def failing(self, text, *args, **kwargs):
+        calls.append(self)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(self))
+        return write_text(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", failing)
+    with pytest.raises(ExportError, match="cannot write .*No space left on device; nothing was written"):
+        run(ExportArgs(out=str(tmp_path / "v"), shapes="64x64,128x64", tokens="1", gpu="h200", checkpoint=checkpoint))
+    assert len(calls) == 2 and list((tmp_path / "v").iterdir()) == []
