@@ -47,6 +47,8 @@ def test_the_problems_are_the_distinct_gemms_tune_picks_for(ckpt):
     moe = expand("mixtral-8x7b", "15,16", "bf16")  # 30 and 32 routed rows: the same 8 experts' GEMMs of 4 rows each
     assert moe.shared["8x4x28672x4096_bf16_rc"] == {"tokens": [15, 16], "layers": ["mlp.experts.gate_up_proj"]}
     assert len({p.key for p in moe.problems}) == len(moe.problems)  # tuned once
+    shares = tune(TuneArgs(model="llama-3-8b", tokens="16", tp=2, gpu="h200", checkpoint=str(ckpt)))["rows"]
+    assert sorted(p.key for p in expand("llama-3-8b", "16", "bf16", tp=2).problems) == sorted(r["problem"] for r in shares)
 
 
 def test_model_and_split_are_exclusive_and_tokens_need_a_model(capsys):
@@ -57,6 +59,8 @@ def test_model_and_split_are_exclusive_and_tokens_need_a_model(capsys):
     assert exit_.value.code == 2 and "--model and --split train are exclusive" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--tokens sets the token counts of --model's GEMMs"):
         FinetuneArgs(gpu="h200", tokens="1,16")
+    with pytest.raises(ValueError, match="--tp splits the GEMMs of --model's config"):
+        FinetuneArgs(gpu="h200", tp=2)
     with pytest.raises(SystemExit):
         parse(["finetune", "--gpu", "h200", "--model", "gpt2", "--tokens", "1,x"])
     assert "argument --tokens" in capsys.readouterr().err

@@ -77,6 +77,8 @@ class FinetuneArgs:
                        check=int_list(1))
     dtype: str = flag("", "dtype of --model's GEMMs: fp16, bf16 or fp32 (empty: bf16, as tune --model)",
                       check=one_of("", *DTYPES))
+    tp: int = flag(1, "tensor-parallel degree of a --model config: tune one GPU's share of its GEMMs, as tune "
+                      "--model --tp splits them", check=at_least(1))
     problems: int = flag(8, "tuning problems, spread over the split's families (or the most of --model's "
                             "distinct GEMMs, taken in turn from each token count)", check=at_least(1))
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over", check=at_least(1))
@@ -115,6 +117,8 @@ class FinetuneArgs:
                              "GEMMs, --split on a suite split's problems")
         if self.tokens and not self.model:
             raise ValueError("--tokens sets the token counts of --model's GEMMs: give --model too")
+        if self.tp != 1 and not self.model:
+            raise ValueError("--tp splits the GEMMs of --model's config: give --model too")
         if self.dtype and not self.model:
             raise ValueError("--dtype sets the dtype of --model's GEMMs (a split's problems carry their own): "
                              "give --model too")
@@ -194,7 +198,7 @@ def run(args: FinetuneArgs) -> dict:
     spec = hardware_specs.load(args.gpu)
     # a bad SPEC fails before anything is written
     dtype = args.dtype or "bf16"  # of --model's GEMMs, as tune --model's default
-    model = expand(args.model, args.tokens, dtype) if args.model else None
+    model = expand(args.model, args.tokens, dtype, args.tp) if args.model else None
     split = args.split or ("" if model else "train")
     budget = Budget.parse(args.budget)
     if args.replay and (args.simulate or args.snapshot):
@@ -217,7 +221,8 @@ def run(args: FinetuneArgs) -> dict:
                                           "lr", "calibration_steps", "calibration_lr", "guard", "snapshot",
                                           "analytic", "replay", "model", "tokens")} | \
         {"split": split, "model_digest": model.digest if model else "", "adapt": ADAPT_VERSION,
-         "start_digest": file_digest(start_path)} | ({"dtype": dtype} if model else {})
+         "start_digest": file_digest(start_path)} | ({"dtype": dtype} if model else {}) | \
+        ({"tp": args.tp} if args.tp != 1 else {})  # absent at 1: states saved before --tp resume
     torch.manual_seed(args.seed)
     norms: dict[str, list[float]] = {}
     with Database(args.db) as db, measurer(db, spec, args, source) as measure:

@@ -33,10 +33,11 @@ class ModelProblems:
                 "tuned": [{"problem": p.key, **self.shared[p.key]} for p in tuned]}
 
 
-def expand(spec: str, tokens: str, dtype: str) -> ModelProblems:
-    """SPEC's distinct GEMMs; a bad SPEC raises model_config.ConfigError (naming the field) or
-    model_tune.ModelSpecError, before the run measures or writes anything."""
-    model = model_rows(spec, tokens, dtype)
+def expand(spec: str, tokens: str, dtype: str, tp: int = 1) -> ModelProblems:
+    """SPEC's distinct GEMMs (one GPU's share under `tp`-way tensor parallelism); a bad SPEC raises
+    model_config.ConfigError (naming the field) or model_tune.ModelSpecError, before the run
+    measures or writes anything."""
+    model = model_rows(spec, tokens, dtype, tp)
     shared: dict[str, dict[str, list]] = {}
     by_tokens: dict[int | None, list[GemmProblem]] = {}
     for row in model.rows:
