@@ -18,6 +18,7 @@ L=$(( BUDGET - 30 ))
 CUDA_VISIBLE_DEVICES=$(seq -s, 1 $(( NGPU - 1 ))) TQDM_DISABLE=1 timeout $L python3 -m torch.distributed.run \
   --nproc-per-node $(( NGPU - 1 )) -m gnn_policy.cli collect --db /tmp/rm.sqlite --split $SPLIT --problems $PROBLEMS \
   --configs 100 --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial --named inductor_mm \
+  --policy checkpoints/pretrained.pt --policy-k 4 \
   --time-limit $(python3 -c "print(round(($L - 60) / 60, 2))") --timeout 10 --compile-timeout 60 \
   --shard-dir $R/t > $R/collect.log 2>&1
 echo "collect rc $?" >> $R/collect.log

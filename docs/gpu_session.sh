@@ -66,6 +66,7 @@ for stage in "$@"; do
     collect)
       timeout $L python3 -m gnn_policy.cli collect --db /tmp/r.sqlite --split random-train --problems 2500 --configs 100 \
         --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial --named inductor_mm \
+        --policy checkpoints/pretrained.pt --policy-k 4 \
         --time-limit $(mins $((L-50))) --timeout 10 --compile-timeout 60 --shard-dir $R/t > $R/collect.log 2>&1 ;;
   esac
   echo "   rc $?"

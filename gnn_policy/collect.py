@@ -65,9 +65,13 @@ class CollectArgs:
     space: str = flag("full", "config space the sample comes from (gnn_policy.space.SPACES); its variants "
                               "and SPLIT_K values make the strata")
     lists: bool = flag(True, "also measure the named lists, default_config and cuBLAS")
-    named: tuple[str, ...] = flag(tuple(NAMED_LISTS), "named lists measured beside the sample unless --no-lists (repeatable)",
-                                  action="append")
+    named: tuple[str, ...] = flag(tuple(NAMED_LISTS), "named lists measured beside the sample unless --no-lists "
+                                                       "(repeatable)", action="append")
     default: bool = flag(True, "also measure default_config as gnn_policy.matmul runs it (unless --no-lists)")
+    policy: str = flag("", "also measure this checkpoint's --policy-k picks per problem (empty: none): labels "
+                           "where the policy chooses, so its overrated configs get measured, and its first pick "
+                           "is scored on problems it never saw")
+    policy_k: int = flag(4, "picks of --policy per problem, `Policy.top_k`'s order", check=at_least(1))
     seed: int = flag(0, "random seed for the problem and config samples")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout",
                           check=positive)
@@ -122,6 +126,7 @@ def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[
     space_ = space(args.space)
     pools = ConfigPools(space_, gpu, args.pool, args.seed, args.pool_by_class)
     named = sorted({c for name in args.named for c in named_list(name)}) if args.lists else []
+    policy = _policy(args.policy)
     out = []
     for p in problems:
         rng = random.Random(f"{args.seed}:{p.key}")
@@ -133,8 +138,21 @@ def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[
             ok, chosen = fits(space_, gpu, p, mask), set(configs)
             extra = dict.fromkeys([default_pick(p, gpu, ok)] * args.default + named)
             configs += [c for c in extra if c not in chosen and ok(c)]
+        if policy is not None:
+            ok, chosen = fits(space_, gpu, p, mask), set(configs)
+            configs += [c for c in dict.fromkeys(pick.config for pick in policy.top_k(p, gpu, args.policy_k))
+                        if c not in chosen and c in space_ and ok(c)]  # the run's space: its variants alone
         out.append((p, ([None] if args.lists else []) + configs))
     return out
+
+
+def _policy(path: str):
+    """The checkpoint whose picks a plan adds, or None; a bad path fails before anything is measured."""
+    if not path:
+        return None
+    from gnn_policy.policy import Policy
+
+    return Policy.load(path)
 
 
 def _missing(db, gpu_name: str, planned, counts: dict) -> list[tuple[GemmProblem, list]]:

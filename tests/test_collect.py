@@ -164,3 +164,18 @@ def test_take_compiled_counts_specialisations_not_jobs():
     counts, kernels = defaultdict(int), set()
     rows, measure = take_compiled(problem, configs, results, "H200-SXM-141GB", counts, kernels)
     assert rows == [] and measure == configs and counts["compile_jobs"] == 3 and kernels == {"a", "b"}
+
+
+def test_a_policy_adds_its_picks_within_the_runs_space():
+    """--policy measures the checkpoint's top picks beside the sample, each once and only those of
+    the run's space (the shipped policy's space is the full one)."""
+    from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
+
+    problem = select_problems("random-val", 1, seed=0, where=lambda p: p.k >= 128)[0]
+    args = CollectArgs(db="unused", space="hopper-tested", configs=20, lists=False)
+    (_, without), = plan([problem], H200, args)
+    (_, with_picks), = plan([problem], H200, dataclasses.replace(args, policy=str(DEFAULT_CHECKPOINT), policy_k=8))
+    picks = [p.config for p in Policy.load(DEFAULT_CHECKPOINT).top_k(problem, H200, 8)]
+    added = with_picks[len(without):]
+    assert with_picks[:len(without)] == without and len(set(with_picks)) == len(with_picks)
+    assert set(added) == {c for c in picks if c in space("hopper-tested") and c not in without} and added
