@@ -13,7 +13,7 @@
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
 START=$(date +%s); BUDGET=${BUDGET:-570}
-R=${R:-/tmp/res}; rm -rf $R; mkdir -p $R  # docs/gpu_multi.sh runs it on GPU 0 into its own R, with NO_TAR
+R=${SESSION_DIR:-/tmp/res}; rm -rf "$R"; mkdir -p "$R"  # docs/gpu_multi.sh runs it on GPU 0 into its own, with NO_TAR
 left() { echo $(( BUDGET - ($(date +%s) - START) - 20 )); }
 mins() { python3 -c "print(round(max($1, 30) / 60, 2))"; }
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version,memory.total --format=csv > $R/gpu.txt
@@ -55,7 +55,7 @@ for stage in "$@"; do
     wstrial)
       GNN_POLICY_GPU_TRIAL_CASES=160 GNN_POLICY_GPU_REPORT=$R/cases.json \
         timeout $(( L < 300 ? L : 300 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernel_gpu.py \
-        -k warpspec_trial > $R/wstrial.log 2>&1; cp $R/wstrial.log /tmp/wstrial_last.log ;;
+        -k warpspec_trial > $R/wstrial.log 2>&1; rc=$?; cp $R/wstrial.log /tmp/wstrial_last.log; (exit $rc) ;;
     wsceiling)
       # a warm machine keeps /tmp: the trial may have passed in the call before this one
       grep -q "1 passed" $R/wstrial.log /tmp/wstrial_last.log 2>/dev/null || { echo "no passed warpspec trial: no ceiling"; continue; }
@@ -66,7 +66,7 @@ for stage in "$@"; do
     collect)
       timeout $L python3 -m gnn_policy.cli collect --db /tmp/r.sqlite --split random-train --problems 2500 --configs 100 \
         --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial --named inductor_mm \
-        --policy checkpoints/pretrained.pt --policy-k 4 \
+        --policy checkpoints/pretrained.pt --policy-top 4 \
         --time-limit $(mins $((L-50))) --timeout 10 --compile-timeout 60 --shard-dir $R/t > $R/collect.log 2>&1 ;;
   esac
   echo "   rc $?"

@@ -97,7 +97,7 @@ def add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
                                 help=f"{help_text} (default: {', '.join(f.default)})")
         else:
             kind = meta.get("check") or {"int": int, "float": float, "str": str}.get(str(f.type), type(f.default))
-            shown = required or "default" in help_text or _placeholder(f.default, kind)
+            shown = required or "(default:" in help_text or _placeholder(f.default, kind)
             parser.add_argument(f"--{name}", dest=f.name, type=kind, default=None, required=required,
                                 help=help_text if shown else f"{help_text} (default: {f.default!r})")
 

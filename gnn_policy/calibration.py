@@ -79,13 +79,14 @@ class Calibration:
     # weights of the per-problem level over `calibration_level.level_features` (empty: no level)
     level: tuple[float, ...] = ()
     ceiling: float = 1.0  # C, the share of the roofline this GPU's best kernels reach
-    sharpness: float = 0.0  # s of the smooth minimum with log C (0: the plain min at R)
-    dtypes: tuple[str, ...] = ()  # the dtypes of the rows it was fitted on (empty: unrecorded, any)
+    sharpness: float = 0.0  # s of the smooth minimum with log C (0: the plain minimum)
+    dtypes: tuple[str, ...] = ()  # the dtypes of the rows it was fitted on (empty: any)
 
     def __post_init__(self) -> None:
-        if not 0 < self.ceiling <= 1 or self.sharpness < 0:
+        # a sharpness below 1 would pull every figure far under the ceiling (log 2 / s at the crossing)
+        if not 0 < self.ceiling <= 1 or not (self.sharpness == 0 or self.sharpness >= 1):
             raise ValueError(f"calibration of {self.gpu}: ceiling {self.ceiling} must be in (0, 1] "
-                             f"and sharpness {self.sharpness} at least 0")
+                             f"and sharpness {self.sharpness} 0 or at least 1")
 
     def apply(self, predicted_tflops: float, roof: float, bound: float, features: Sequence[float] = ()) -> float:
         """The calibrated TFLOP/s of a prediction for a problem whose roofline of the work is
@@ -96,14 +97,14 @@ class Calibration:
                              f"got {len(features)} (calibration_level.level_features)")
         level = sum(w * f for w, f in zip(self.level, features))
         line = self.intercept + self.slope * math.log(predicted_tflops / roof) + level
-        if self.sharpness > 0:
-            line = softmin(line, math.log(self.ceiling), self.sharpness)
+        line = (softmin(line, math.log(self.ceiling), self.sharpness) if self.sharpness
+                else min(line, math.log(self.ceiling)))
         return min(bound, roof * math.exp(min(0.0, line)))
 
 
 def softmin(line: float, cap: float, sharpness: float) -> float:
-    """cap - softplus(sharpness x (cap - line)) / sharpness: below both, and within log(2) / sharpness of
-    the smaller where they differ most (the form `calibration_level.fit_ceiling` fits)."""
+    """cap - softplus(sharpness x (cap - line)) / sharpness: below both, by log(2) / sharpness where
+    they are equal and by less the more they differ (the form `calibration_level.fit_ceiling` fits)."""
     z = sharpness * (cap - line)
     softplus = z + math.log1p(math.exp(-z)) if z > 0 else math.log1p(math.exp(z))
     return cap - softplus / sharpness
@@ -123,8 +124,9 @@ def load(checkpoint: str | Path) -> dict[str, Calibration]:
     data = json.loads(path.read_text())
     level = tuple(data.get("level", {}).get("weights", ()))
     sharpness = data.get("level", {}).get("sharpness", 0.0)
+    # a fit written before dtypes were recorded was fitted on 16-bit rows: no fp32 was ever measured
     return {gpu: Calibration(gpu, c["intercept"], c["slope"], level, c.get("ceiling", 1.0), sharpness,
-                             tuple(c.get("dtypes", ())))
+                             tuple(c.get("dtypes", ("bf16", "fp16"))))
             for gpu, c in data["gpus"].items()}
 
 

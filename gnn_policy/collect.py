@@ -68,10 +68,10 @@ class CollectArgs:
     named: tuple[str, ...] = flag(tuple(NAMED_LISTS), "named lists measured beside the sample unless --no-lists "
                                                        "(repeatable)", action="append")
     default: bool = flag(True, "also measure default_config as gnn_policy.matmul runs it (unless --no-lists)")
-    policy: str = flag("", "also measure this checkpoint's --policy-k picks per problem (empty: none): labels "
+    policy: str = flag("", "also measure this checkpoint's --policy-top picks per problem (empty: none): labels "
                            "where the policy chooses, so its overrated configs get measured, and its first pick "
                            "is scored on problems it never saw")
-    policy_k: int = flag(4, "picks of --policy per problem, `Policy.top_k`'s order", check=at_least(1))
+    policy_top: int = flag(4, "picks of --policy per problem, `Policy.top_k`'s order", check=at_least(1))
     seed: int = flag(0, "random seed for the problem and config samples")
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is recorded as a timeout",
                           check=positive)
@@ -140,7 +140,7 @@ def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[
             configs += [c for c in extra if c not in chosen and ok(c)]
         if policy is not None:
             ok, chosen = fits(space_, gpu, p, mask), set(configs)
-            configs += [c for c in dict.fromkeys(pick.config for pick in policy.top_k(p, gpu, args.policy_k))
+            configs += [c for c in dict.fromkeys(pick.config for pick in policy.top_k(p, gpu, args.policy_top))
                         if c not in chosen and c in space_ and ok(c)]  # the run's space: its variants alone
         out.append((p, ([None] if args.lists else []) + configs))
     return out

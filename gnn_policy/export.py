@@ -254,21 +254,28 @@ def _out(args: ExportArgs) -> Path:
 
 def _write(texts: dict[Path, str]) -> None:
     """Write every file or none: each goes to a temporary name first and is renamed once all are
-    written; a folder or disk that refuses them is an ExportError naming the path."""
-    done: list[Path] = []
+    written; a folder or disk that refuses them is an ExportError naming the path, and what this
+    call made (temporary files, new folders) is removed."""
+    folders = {path.parent for path in texts}
+    made = {folder for leaf in folders for folder in (leaf, *leaf.parents) if not folder.exists()}
+    tmps = [path.with_name(path.name + ".tmp") for path in texts]
     try:
-        for path, text in texts.items():
+        for (path, text), tmp in zip(texts.items(), tmps):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(text)
-            done.append(tmp)
+        for path, tmp in zip(texts, tmps):
+            if path.is_dir():  # os.replace would fail half way through the set
+                raise IsADirectoryError(21, "a folder is in the way", str(path))
     except OSError as exc:
-        for tmp in done:
+        for tmp in tmps:
             tmp.unlink(missing_ok=True)
+        for folder in sorted(made, key=lambda d: -len(d.parts)):
+            if folder.exists() and not any(folder.iterdir()):
+                folder.rmdir()
         raise ExportError(f"cannot write {exc.filename or next(iter(texts))}: {exc.strerror or exc}; "
                           "nothing was written") from None
-    for tmp in done:
-        os.replace(tmp, tmp.with_name(tmp.name.removesuffix(".tmp")))
+    for path, tmp in zip(texts, tmps):
+        os.replace(tmp, path)
 
 
 def _nothing_exported(skipped: list[dict]) -> ExportError:

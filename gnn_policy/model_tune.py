@@ -172,6 +172,7 @@ def run(args: Any) -> dict:
     from gnn_policy import calibration
     from gnn_policy.calibration_level import displayed
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
+    from gnn_policy.tune import significant
 
     if args.measure:
         _need_cuda()
@@ -188,7 +189,7 @@ def run(args: Any) -> dict:
         pick = policy.top_k(problem, gpu, 1)[0]
         tflops, fitted = displayed([pick.predicted_tflops], problem, gpu, fits, policy)[0]
         row.update(shape=shape(problem), problem=problem.key, layouts=f"{problem.a_layout}/{problem.b_layout}",
-                   epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=round(tflops, 1))
+                   epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=significant(tflops))
     out = {"model": model.name, "tp": args.tp, "gpu": gpu.name, "checkpoint": str(checkpoint), "calibrated": fitted,
            "picks_ms": round(1e3 * (time.perf_counter() - start), 1), "rows": rows,
            "skipped": [{"what": what, "why": why} for what, why in model.skipped]}
@@ -243,7 +244,7 @@ def table(out: dict) -> str:
     cells = [head]
     for r in out["rows"]:
         cells.append([str(r["tokens"] if r["tokens"] is not None else "-"), ", ".join(r["layers"]), str(r["calls"]),
-                      r["shape"], r["layouts"], r["epilogue"], r["pick"], f"{r['predicted_tflops']:.1f}"]
+                      r["shape"], r["layouts"], r["epilogue"], r["pick"], f"{r['predicted_tflops']:g}"]
                      + ([str(r["pick_ms"]), str(r["cublas_ms"]), str(r.get("vs_cublas", "-"))] if measured else []))
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]

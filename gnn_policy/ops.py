@@ -125,10 +125,11 @@ def _check_devices(**tensors: torch.Tensor | None) -> None:
                          "TRITON_INTERPRET=1 before importing gnn_policy to use Triton's interpreter")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"matmul: device {device} is not supported (CUDA, or CPU under the interpreter)")
-    if device.type == "cpu" and tensors["a"].dtype == torch.bfloat16:
+    if INTERPRETED and tensors["a"].dtype == torch.bfloat16:
         # Triton 3.6's interpreter multiplies the raw bits of bf16 in tl.dot (relative errors of 1e9):
         # a refusal, not a silently wrong product
-        raise ValueError(f"matmul: {INTERPRETER_BF16}; use fp16 or fp32 on the CPU, or bf16 on a CUDA device")
+        raise ValueError(f"matmul: {INTERPRETER_BF16}; use fp16 or fp32 under TRITON_INTERPRET=1, or bf16 "
+                         "without it on a CUDA device")
 
 
 def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

@@ -53,8 +53,8 @@ def _unsupported(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str] | Non
         return "dtype", f"inputs {x.dtype} with weights {weight.dtype} (the template runs fp16, bf16, fp32 alone)"
     if x.device.type == "cpu" and not ops.INTERPRETED:
         return "cpu", "CPU tensors run through Triton only under TRITON_INTERPRET=1"
-    if x.device.type == "cpu" and x.dtype == torch.bfloat16:
-        return "cpu-bf16", f"{ops.INTERPRETER_BF16}, so bf16 on the CPU"
+    if ops.INTERPRETED and x.dtype == torch.bfloat16:
+        return "interpreted-bf16", f"{ops.INTERPRETER_BF16}, so bf16 under TRITON_INTERPRET=1"
     if x.device.type not in ("cpu", "cuda") or x.device != weight.device:
         return "device", f"inputs on {x.device}, weights on {weight.device}"
     if x.dim() == 0 or x.numel() == 0:

@@ -171,9 +171,12 @@ def load_config(path: str | Path) -> ModelSpec:
 def sharded(spec: ModelSpec, tp: int) -> ModelSpec:
     """The spec whose GEMMs are one GPU's share under `tp`-way tensor parallelism, split as vLLM
     splits a model: column-parallel layers (q/k/v, gate/up, GPT-2's c_attn and c_fc, the experts'
-    gate_up, lm_head over the vocabulary) take N / tp, row-parallel ones (o_proj, down_proj,
-    c_proj) K / tp and lose their fused epilogue (their partial sums are all-reduced first, and
-    the bias and residual are added after). KV heads fewer than tp are replicated, one a GPU."""
+    gate_up, lm_head over the vocabulary padded to a multiple of 64, as vLLM pads it) take
+    N / tp, row-parallel ones (o_proj, down_proj, c_proj) K / tp and lose their fused residual
+    (their partial sums are all-reduced first; vLLM adds the bias in one rank's GEMM, so the
+    other ranks' share is the one given here). KV heads fewer than tp are replicated, one a GPU.
+    The layers stay the model's own: vLLM runs q/k/v and gate/up as one fused GEMM each (N the
+    sum of theirs), which these rows list apart."""
     if not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"tensor-parallel degree must be a positive int, got {tp!r}")
     kv_ok = spec.kv_heads % tp == 0 or tp % spec.kv_heads == 0
@@ -233,7 +236,8 @@ def model_gemms(spec: ModelSpec, tokens: int, dtype: str = "bf16") -> list[Model
         attn = [_linear(spec, "attn.c_attn", tokens, 3 * h // tp, h, dtype, layers, bias=spec.bias),
                 _linear(spec, "attn.c_proj", tokens, h, h // tp, dtype, layers, bias=o_bias, residual=whole)]
     mlp = _experts(spec, tokens, dtype) if spec.experts else _mlp(spec, "mlp", tokens, spec.intermediate, dtype)
-    return attn + mlp + [_linear(spec, "lm_head", tokens, -(-spec.vocab // tp), h, dtype, 1)]
+    vocab = spec.vocab if whole else -(-spec.vocab // 64) * 64 // tp  # vLLM's padded vocabulary, split
+    return attn + mlp + [_linear(spec, "lm_head", tokens, vocab, h, dtype, 1)]
 
 
 def skipped(spec: ModelSpec) -> list[tuple[str, str]]:

@@ -234,3 +234,15 @@ def test_a_fit_applies_to_its_own_dtypes_and_fp32_is_bounded_by_what_torch_runs(
         assert cal.calibrated(400.0, p32, H200, fits) == (400.0, False)  # under the TF32 bound, no fit: as predicted
     finally:
         torch.backends.cuda.matmul.allow_tf32 = setting
+
+
+@pytest.mark.parametrize("sharpness", [1.0, 16.0, 1e4])
+def test_softmin_stays_below_both_and_within_log2_over_s(sharpness):
+    for line, cap in [(-3.0, -0.2), (-0.2, -0.2), (0.5, -0.2), (1e300, -0.1), (-1e300, -0.1)]:
+        got = cal.softmin(line, cap, sharpness)
+        assert got <= min(line, cap) and got >= min(line, cap) - math.log(2) / sharpness - 1e-12
+    assert cal.softmin(-0.2, -0.2, sharpness) == pytest.approx(-0.2 - math.log(2) / sharpness)
+    # no sharpness: the hard minimum with the ceiling, which a stored ceiling still gets
+    assert cal.Calibration("A", 0.0, 1.0, ceiling=0.8).apply(1e6, 400.0, 500.0) == pytest.approx(320.0)
+    with pytest.raises(ValueError, match="sharpness 0.5 0 or at least 1"):
+        cal.Calibration("A", 0.0, 1.0, ceiling=0.8, sharpness=0.5)

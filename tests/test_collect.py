@@ -174,7 +174,7 @@ def test_a_policy_adds_its_picks_within_the_runs_space():
     problem = select_problems("random-val", 1, seed=0, where=lambda p: p.k >= 128)[0]
     args = CollectArgs(db="unused", space="hopper-tested", configs=20, lists=False)
     (_, without), = plan([problem], H200, args)
-    (_, with_picks), = plan([problem], H200, dataclasses.replace(args, policy=str(DEFAULT_CHECKPOINT), policy_k=8))
+    (_, with_picks), = plan([problem], H200, dataclasses.replace(args, policy=str(DEFAULT_CHECKPOINT), policy_top=8))
     picks = [p.config for p in Policy.load(DEFAULT_CHECKPOINT).top_k(problem, H200, 8)]
     added = with_picks[len(without):]
     assert with_picks[:len(without)] == without and len(set(with_picks)) == len(with_picks)

@@ -90,7 +90,7 @@ def test_the_plan_and_card_record_the_model_and_a_cap_says_what_it_cuts(tmp_path
     assert "tiny has 14 distinct GEMMs over tokens 1,16; tuning on 3 of them (--problems 3)" in capsys.readouterr().err
     tuned = card["model"]["tuned"]
     assert card["spent_measurements"] == 4 and [t["problem"] for t in tuned] == card["problems"]
-    assert card["model"] | {"tuned": None} == {"spec": str(tiny), "name": "tiny", "tokens": [1, 16],
+    assert card["model"] | {"tuned": None} == {"spec": str(tiny), "name": "tiny", "tokens": [1, 16], "tp": 1,
                                                "digest": file_digest(tiny), "distinct": 14, "tuned": None}
     assert tuned[1] == {"problem": "1x16x32x64_bf16_rc", "tokens": [16],
                         "layers": ["self_attn.k_proj", "self_attn.v_proj"]}

@@ -1,4 +1,5 @@
 """graphs.model_config: config.json -> named GEMMs per token count, and errors that name the field."""
+import dataclasses
 import json
 
 import pytest
@@ -103,7 +104,10 @@ def test_tensor_parallel_shares_split_n_or_k_as_vllm_does():
     down = half["mlp.down_proj"]
     assert (down.n, down.k, down.residual, down.bias) == (4096, 7168, False, False)  # row-parallel: all-reduced first
     assert half["self_attn.o_proj"].k == 2048 and not half["self_attn.o_proj"].residual
-    assert half["lm_head"].n == 64128
+    assert half["lm_head"].n == 64128  # 128256 is a multiple of 64 already
+    gpt2 = {g.layer: g.problem for g in model_gemms(sharded(load_config("gpt2"), 2), 4)}
+    assert (gpt2["attn.c_attn"].n, gpt2["attn.c_proj"].k, gpt2["mlp.c_fc"].n, gpt2["mlp.c_proj"].k) == (1152, 384, 1536, 1536)
+    assert gpt2["lm_head"].n == 25152 and gpt2["mlp.c_fc"].bias and not gpt2["mlp.c_proj"].bias  # 50257 padded to 50304
     assert {g.layer: g.problem.n for g in model_gemms(sharded(llama, 16), 1)}["self_attn.k_proj"] == 128  # KV replicated
     assert model_gemms(sharded(llama, 1), 16) == model_gemms(llama, 16)
     experts = {g.layer: g.problem for g in model_gemms(sharded(load_config("mixtral-8x7b"), 2), 16)}
@@ -111,3 +115,5 @@ def test_tensor_parallel_shares_split_n_or_k_as_vllm_does():
     assert experts["mlp.gate (router)"].n == 8  # the router is replicated
     with pytest.raises(ConfigError, match="attention head count, 32, does not split over --tp 3"):
         sharded(llama, 3)
+    with pytest.raises(ConfigError, match="its 8 KV heads neither split over nor replicate to --tp 12"):
+        sharded(dataclasses.replace(llama, heads=96, intermediate=14336 * 3), 12)

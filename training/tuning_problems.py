@@ -25,10 +25,11 @@ class ModelProblems:
     digest: str  # of the config.json or Python file that defines the model
     problems: list[GemmProblem]
     shared: dict[str, dict[str, list]]  # problem key -> the tokens and layers that run it
+    tp: int = 1  # the tensor-parallel degree whose one-GPU share these are
 
     def record(self, tuned: list[GemmProblem]) -> dict[str, Any]:
         """What the card says of the model: its file's digest and which of its GEMMs were tuned."""
-        return {"spec": self.spec, "name": self.name, "tokens": self.tokens, "digest": self.digest,
+        return {"spec": self.spec, "name": self.name, "tokens": self.tokens, "tp": self.tp, "digest": self.digest,
                 "distinct": len(self.problems),
                 "tuned": [{"problem": p.key, **self.shared[p.key]} for p in tuned]}
 
@@ -54,7 +55,7 @@ def expand(spec: str, tokens: str, dtype: str, tp: int = 1) -> ModelProblems:
     rotated = [g[i % len(g):] + g[:i % len(g)] for i, g in enumerate(by_tokens.values())]
     order = [p for group in itertools.zip_longest(*rotated) for p in group if p is not None]
     counts = sorted({row["tokens"] for row in model.rows} - {None})
-    return ModelProblems(spec, model.name, counts, file_digest(model.source), order, shared)
+    return ModelProblems(spec, model.name, counts, file_digest(model.source), order, shared, tp)
 
 
 def select(split: str, count: int, seed: int, model: ModelProblems | None,
