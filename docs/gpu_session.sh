@@ -59,7 +59,7 @@ for stage in "$@"; do
     wsceiling)
       # a warm machine keeps /tmp: the trial may have passed in the call before this one
       grep -q "1 passed" $R/wstrial.log /tmp/wstrial_last.log 2>/dev/null || { echo "no passed warpspec trial: no ceiling"; continue; }
-      GNN_POLICY_LIFT_RULES=warpspec-hang timeout $L python3 -m gnn_policy.benchmarks.ceiling --db /tmp/w.sqlite \
+      GNN_POLICY_LIFT_RULES=warpspec-sm90 timeout $L python3 -m gnn_policy.benchmarks.ceiling --db /tmp/w.sqlite \
         --load docs/data/ceiling --shapes 15 --configs 24 --named triton_tutorial --named inductor_mm --refine-top 2 \
         --variant warpspec --time-limit $(mins $(( L - 40 < 300 ? L - 40 : 300 ))) --timeout 10 --shard-dir $R/w \
         --json $R/wsceiling.json --markdown $R/wsceiling.md > $R/wsceiling.log 2>&1 ;;

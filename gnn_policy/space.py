@@ -18,9 +18,10 @@ from hardware_specs import GpuSpec
 from gnn_policy.tile_config import (DTYPE_BYTES, PERSISTENT_VARIANTS, TMA_VARIANTS, VARIANTS,  # noqa: F401
                                     TileConfig, accumulators_per_thread, pipeline_smem)
 
-# Rules that refuse a variant until a GPU trial shows it runs: `GNN_POLICY_LIFT_RULES=warpspec-hang`
-# lifts them for that trial (the GPU test's worker processes read it), and for nothing else.
-LIFTABLE_RULES = frozenset({"warpspec-hang"})
+# Rules that refuse a variant until a GPU trial shows it runs: `GNN_POLICY_LIFT_RULES=warpspec-sm90`
+# lifts them for that trial (a newer Triton's; the GPU test's worker processes read it), and
+# for nothing else.
+LIFTABLE_RULES = frozenset({"warpspec-sm90"})
 
 
 def lifted_rules(text: str) -> frozenset[str]:
@@ -93,18 +94,17 @@ def _persistent_violations(config: TileConfig, gpu: GpuSpec, dtype: str) -> list
     """Rules of the persistent variants, from compiling them for sm_90 (triton 3.6)."""
     out: list[Violation] = []
     if config.variant == "warpspec":
-        # Measured (docs/BENCHMARKS.md, "Warp specialisation on Hopper"): on the H200,
-        # 1x100x128x1024 bf16 at bm256_bn16_bk16_w4_s5 never returned; on the H100,
-        # 2x1000x1000x1000 bf16 at bm128_bn64_bk64_w4_s3 never returned, 19 random cases did
-        # not finish in 170 s, and the GPU then refused the next process. The cause, found in
-        # the compiled TTGIR on the CPU: host-side tensor maps, whose box Triton 3.6 kept when it
-        # halved the copies for two consumers. The maps are now made in the kernel
-        # (benchmarks.cpu_compile finds no such copy left); the rule stays until a GPU trial
-        # (`GNN_POLICY_LIFT_RULES=warpspec-hang`, tests/test_kernel_gpu.py) shows none hangs.
+        # On Hopper (docs/BENCHMARKS.md, "Warp specialisation on Hopper" and "The warpspec trial"):
+        # it hung with host-side tensor maps, whose box Triton 3.6 kept when it halved the copies
+        # for two consumers. With the maps made in the kernel, the GPU trial of 2026-12-07 (H100,
+        # 160 random cases) had no hang but 16 wrong results: BLOCK_M >= 128 with 5+ stages and
+        # 4+ K iterations, and BLOCK_M 256 at K = 1; one out of shared memory past this file's
+        # estimate. Triton's own warp-specialised forms were no faster than the template's best
+        # config on any of 5 shapes (benchmarks.warpspec_probe). Refused until a Triton fixes it.
         if gpu.compute_capability.startswith("9."):
-            out.append(Violation("warpspec-hang", "Triton 3.6's warp specialisation hung this template's "
-                                 "kernels on Hopper (sm_90) and awaits a GPU trial of its fix; the "
-                                 "persistent variant runs the same loop"))
+            out.append(Violation("warpspec-sm90", "Triton 3.6's warp specialisation gives wrong results for "
+                                 "this template on Hopper (sm_90) at BLOCK_M >= 128 with 5+ stages, and "
+                                 "was no faster where right; the persistent variant runs the same loop"))
         # Triton's Hopper pass specialises only 4-warp kernels whose tile splits into two
         # 64-row halves; others compile unspecialised, i.e. as the `persistent` variant.
         if config.num_warps != 4:

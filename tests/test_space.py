@@ -59,20 +59,20 @@ def test_tma_needs_hopper_and_dtype_support():
     assert _rules(TileConfig(64, 64, 64), dtype="fp8") == {"dtype"}
 
 
-def test_warpspec_is_refused_on_hopper_where_it_hung_until_a_gpu_trial_lifts_the_rule(monkeypatch):
+def test_warpspec_is_refused_on_hopper_where_it_is_wrong_unless_a_trial_lifts_the_rule(monkeypatch):
     space_module = importlib.import_module("gnn_policy.space")  # the package's `space` is the function
 
     ok = TileConfig(128, 128, 64, num_warps=4, num_stages=3, variant="warpspec")
     for gpu in (H200, hardware_specs.load("h100")):
         found = violations(ok, gpu, "bf16")
-        assert [v.rule for v in found] == ["warpspec-hang"] and "hung" in found[0].message
+        assert [v.rule for v in found] == ["warpspec-sm90"] and "wrong results" in found[0].message
     assert not [c for c in space("hopper").valid(H200, "bf16") if c.variant == "warpspec"]
-    monkeypatch.setattr(space_module, "LIFTED_RULES", space_module.lifted_rules(" warpspec-hang, "))
+    monkeypatch.setattr(space_module, "LIFTED_RULES", space_module.lifted_rules(" warpspec-sm90, "))
     assert not violations(ok, H200, "bf16")  # the trial's view: the variant's other rules still hold
     assert [v.rule for v in violations(TileConfig(128, 128, 64, num_warps=8, variant="warpspec"), H200, "bf16")] \
         == ["warpspec"]
-    with pytest.raises(ValueError, match="smem cannot be lifted; only warpspec-hang"):
-        space_module.lifted_rules("warpspec-hang,smem")
+    with pytest.raises(ValueError, match="smem cannot be lifted; only warpspec-sm90"):
+        space_module.lifted_rules("warpspec-sm90,smem")
 
 
 def test_warpspec_rules_from_compiling_for_sm90():

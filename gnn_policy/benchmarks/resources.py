@@ -53,7 +53,7 @@ def verdict(row: dict, smem_limit: int) -> str:
         fits = fits and row["specialised"]
     if accepted and not fits:
         return "rules_too_loose"
-    # `warpspec-hang` is a finding on the GPU, which a compile that fits cannot contradict
+    # `warpspec-sm90` is a finding on the GPU, which a compile that fits cannot contradict
     if not accepted and fits and set(row["rules"]) <= {"smem", "registers", "warpspec"}:
         return "rules_too_strict"
     return "ok"
