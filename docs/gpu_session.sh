@@ -12,6 +12,7 @@
 # (random-train, resumes from the shipped shards).
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
+export TQDM_DISABLE=1  # progress bars of a scripted call only bloat its logs (a collect's ran to 100 KB)
 START=$(date +%s); BUDGET=${BUDGET:-570}
 R=${SESSION_DIR:-/tmp/res}; rm -rf "$R"; mkdir -p "$R"  # docs/gpu_multi.sh runs it on GPU 0 into its own, with NO_TAR
 left() { echo $(( BUDGET - ($(date +%s) - START) - 20 )); }
