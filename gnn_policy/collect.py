@@ -204,7 +204,10 @@ def run(args: CollectArgs) -> dict:
         kernels: set[str] = set()
         stopped = on_interrupt(lambda: stored_note(counts["measured"], args.db, args.shard_dir))
         with stopped, worker_pool(gpu, args) as pool:
-            measure_planned(db, gpu, plan(problems, gpu, args), args, counts, deadline, kernels, pool)
+            # new problems before more configs of measured ones: a problem buys more than its configs
+            # (docs/BENCHMARKS.md, "More data or another seed?"), and a run may end at its time limit
+            measure_planned(db, gpu, plan(problems, gpu, args), args, counts, deadline, kernels, pool,
+                            fresh_first=True)
         finish_counts(counts, start, kernels)
         if export is not None:
             counts["shard_rows"] = export.write()
@@ -219,9 +222,10 @@ def worker_pool(gpu, args):
 
 
 def measure_planned(db, gpu, planned: list[tuple[GemmProblem, list]], args, counts: defaultdict,
-                    deadline: float, kernels: set[str], pool) -> None:
+                    deadline: float, kernels: set[str], pool, fresh_first: bool = False) -> None:
     """Measure the pairs of `planned` the database lacks, problem by problem, until `deadline`,
-    in `pool` (a `worker_pool`).
+    in `pool` (a `worker_pool`); with `fresh_first`, the problems none of whose pairs are stored
+    go first (each part in planned order).
 
     `args` gives runner and compile_timeout. Each problem's rows are stored in one
     transaction; `kernels` gathers the Triton specialisations the compiles used."""
@@ -230,6 +234,9 @@ def measure_planned(db, gpu, planned: list[tuple[GemmProblem, list]], args, coun
     from gnn_policy.measure.workers import ProblemSetupError
 
     todo = _missing(db, gpu.name, planned, counts)
+    if fresh_first:
+        sizes = {p.key: len(configs) for p, configs in planned}
+        todo = sorted(todo, key=lambda job: len(job[1]) < sizes[job[0].key])  # stable: planned order within
     compiled = compile_ahead(todo, args.runner, args.compile_timeout)
     with tqdm(total=sum(len(cs) for _, cs in todo), desc=f"measure {gpu.name}", unit="cfg", smoothing=0.05) as bar:
         for p, configs in todo:

@@ -179,3 +179,18 @@ def test_a_policy_adds_its_picks_within_the_runs_space():
     added = with_picks[len(without):]
     assert with_picks[:len(without)] == without and len(set(with_picks)) == len(with_picks)
     assert set(added) == {c for c in picks if c in space("hopper-tested") and c not in without} and added
+
+
+def test_a_resumed_collection_measures_new_problems_before_more_configs_of_old_ones(tmp_path):
+    import dataclasses as dc
+
+    args = CollectArgs(db=str(tmp_path / "m.sqlite"), gpu="h200", split="random-train", problems=3, configs=4,
+                       lists=False, pool=0, runner="fake_runner:measure", timeout=30)
+    run(args)
+    old = {p.key for p in select_problems("random-train", 3, 0)}
+    with Database(tmp_path / "m.sqlite") as db:
+        after = db.high_water()[0]
+    second = run(dc.replace(args, problems=5, configs=8))  # two new problems, more configs of old ones
+    with Database(tmp_path / "m.sqlite") as db:
+        order = list(dict.fromkeys(r["problem"] for r in db.rows_after(after)))
+    assert second["measured"] > 0 and set(order[:2]).isdisjoint(old) and set(order[2:]) <= old and order[2:]
