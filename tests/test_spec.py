@@ -77,7 +77,7 @@ def test_the_launch_floor_is_measured_on_the_h200_and_h100_and_a_default_elsewhe
     # the default is the H200's measured floor, and says it was not measured on the GPU
     assert spec_mod.DEFAULT_LAUNCH_FLOOR_US == h200.launch_floor_us
     h100 = hardware_specs.load("h100")
-    assert h100.launch_floor_us == 1.7 and "1.72 us" in h100.sources["launch_floor_us"]
+    assert h100.launch_floor_us == 1.6 and "1.622 us" in h100.sources["launch_floor_us"]
     a100 = hardware_specs.load("a100")
     assert a100.launch_floor_us == spec_mod.DEFAULT_LAUNCH_FLOOR_US
     assert a100.sources["launch_floor_us"] == spec_mod.DEFAULT_LAUNCH_FLOOR_SOURCE
