@@ -106,8 +106,7 @@ def softmin(line: float, cap: float, sharpness: float) -> float:
     """cap - softplus(sharpness x (cap - line)) / sharpness: below both, by log(2) / sharpness where
     they are equal and by less the more they differ (the form `calibration_level.fit_ceiling` fits)."""
     z = sharpness * (cap - line)
-    softplus = z + math.log1p(math.exp(-z)) if z > 0 else math.log1p(math.exp(z))
-    return cap - softplus / sharpness
+    return cap - (max(z, 0.0) + math.log1p(math.exp(-abs(z)))) / sharpness  # softplus(z), without overflow
 
 
 def path_for(checkpoint: str | Path) -> Path:

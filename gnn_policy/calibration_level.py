@@ -58,20 +58,28 @@ def level_features(problem: GemmProblem, gpu: GpuSpec, context: Sequence[float])
     return shape_features(problem, gpu) + [float(v) for v in context]
 
 
-def fit_level(rows: Sequence[dict], ridge: float = RIDGE) -> tuple[dict[str, tuple[float, float]], tuple[float, ...]]:
-    """({gpu: (intercept, slope)}, w) of the model in the module doc, least squares with `ridge`
-    on the standardised level features (intercepts and slopes are not shrunk). Each row: gpu,
-    predicted, measured, roof (TFLOP/s) and features (`level_features`)."""
-    gpus = sorted({r["gpu"] for r in rows})
+def _standardised(rows: Sequence[dict]) -> tuple[torch.Tensor, ...]:
+    """(x, y, z, mean, std) of the rows: log(predicted / R), log(measured / R), and the level
+    features standardised by their mean and std (a constant column's std is 1, so ridge gives it
+    no weight)."""
     if not rows or len({len(r["features"]) for r in rows}) != 1:
         raise ValueError("a level fit needs rows, all with features of one length")
     feats = torch.tensor([r["features"] for r in rows], dtype=torch.float64)
     x = torch.tensor([math.log(r["predicted"] / r["roof"]) for r in rows], dtype=torch.float64)
     y = torch.tensor([math.log(r["measured"] / r["roof"]) for r in rows], dtype=torch.float64)
     mean, std = feats.mean(0), feats.std(0)
-    std = torch.where(std > 0, std, torch.ones_like(std))  # a constant column gets no weight from ridge
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return x, y, (feats - mean) / std, mean, std
+
+
+def fit_level(rows: Sequence[dict], ridge: float = RIDGE) -> tuple[dict[str, tuple[float, float]], tuple[float, ...]]:
+    """({gpu: (intercept, slope)}, w) of the model in the module doc, least squares with `ridge`
+    on the standardised level features (intercepts and slopes are not shrunk). Each row: gpu,
+    predicted, measured, roof (TFLOP/s) and features (`level_features`)."""
+    gpus = sorted({r["gpu"] for r in rows})
+    x, y, z, mean, std = _standardised(rows)
     onehot = torch.tensor([[r["gpu"] == g for g in gpus] for r in rows], dtype=torch.float64)
-    design = torch.cat([onehot, onehot * x[:, None], (feats - mean) / std], 1)
+    design = torch.cat([onehot, onehot * x[:, None], z], 1)
     penalty = torch.zeros(design.shape[1], dtype=torch.float64)
     penalty[2 * len(gpus):] = ridge
     gram = design.T @ design + torch.diag(penalty)
@@ -91,13 +99,8 @@ def fit_ceiling(rows: Sequence[dict], ridge: float = RIDGE, steps: int = 300
     `fit_level`'s solution, the same ridge on the standardised level weights."""
     lines, w0 = fit_level(rows, ridge)
     gpus = sorted(lines)
-    feats = torch.tensor([r["features"] for r in rows], dtype=torch.float64)
-    x = torch.tensor([math.log(r["predicted"] / r["roof"]) for r in rows], dtype=torch.float64)
-    y = torch.tensor([math.log(r["measured"] / r["roof"]) for r in rows], dtype=torch.float64)
+    x, y, z, mean, std = _standardised(rows)
     at = torch.tensor([gpus.index(r["gpu"]) for r in rows])
-    mean, std = feats.mean(0), feats.std(0)
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    z = (feats - mean) / std
     w = (torch.tensor(w0, dtype=torch.float64) * std).requires_grad_()
     shift = float((torch.tensor(w0, dtype=torch.float64) * mean).sum())  # back into the intercepts of z's centring
     a = torch.tensor([lines[g][0] + shift for g in gpus], dtype=torch.float64).requires_grad_()
@@ -105,7 +108,7 @@ def fit_ceiling(rows: Sequence[dict], ridge: float = RIDGE, steps: int = 300
     # log C = -softplus(-raw) keeps every ceiling below the roofline. The start, C = 0.99 and s = 10,
     # is fit_level's solution to within 1e-6 below 0.3 of the roofline: rows that never come near
     # it keep their line, and a ceiling forms only where rows press against one
-    raw = torch.full((len(gpus),), math.log(math.expm1(-math.log(0.99))), dtype=torch.float64).neg().requires_grad_()
+    raw = torch.full((len(gpus),), -math.log(math.expm1(-math.log(0.99))), dtype=torch.float64).requires_grad_()
     log_s = torch.tensor(math.log(10.0), dtype=torch.float64).requires_grad_()
     opt = torch.optim.LBFGS([a, b, w, raw, log_s], max_iter=steps, line_search_fn="strong_wolfe")
 

@@ -134,14 +134,13 @@ def plan(problems: Sequence[GemmProblem], gpu, args: CollectArgs) -> list[tuple[
         mask = space_.problem_mask(gpu, p)
         keep = mask.flatten()[flat].tolist()
         configs = stratified_configs([c for c, ok in zip(pool, keep) if ok], args.configs, rng)
+        ok, extra = fits(space_, gpu, p, mask), []
         if args.lists:
-            ok, chosen = fits(space_, gpu, p, mask), set(configs)
-            extra = dict.fromkeys([default_pick(p, gpu, ok)] * args.default + named)
-            configs += [c for c in extra if c not in chosen and ok(c)]
-        if policy is not None:
-            ok, chosen = fits(space_, gpu, p, mask), set(configs)
-            configs += [c for c in dict.fromkeys(pick.config for pick in policy.top_k(p, gpu, args.policy_top))
-                        if c not in chosen and c in space_ and ok(c)]  # the run's space: its variants alone
+            extra += [default_pick(p, gpu, ok)] * args.default + named
+        if policy is not None:  # of the run's space: its variants alone
+            extra += [pick.config for pick in policy.top_k(p, gpu, args.policy_top) if pick.config in space_]
+        chosen = set(configs)
+        configs += [c for c in dict.fromkeys(extra) if c not in chosen and ok(c)]
         out.append((p, ([None] if args.lists else []) + configs))
     return out
 

@@ -17,9 +17,9 @@ warning that nothing was fused.
 What the kernel does not cover runs torch's own ops instead, with one warning per reason and
 never an error mid-model: autograd (call under `torch.no_grad()` or `torch.inference_mode()`),
 autocast, dtypes other than fp16, bf16 and fp32 or mixed ones, CPU tensors without Triton's
-interpreter, bf16 on the CPU (the interpreter's bf16 products are wrong), other devices, and any argument `gnn_policy.matmul` refuses. A residual whose
-dtype or shape would change the add's result (type promotion, broadcasting to a larger
-shape) is added by torch after the kernel.
+interpreter, bf16 under the interpreter (its bf16 products are wrong), other devices, and any
+argument `gnn_policy.matmul` refuses. A residual whose dtype or shape would change the add's
+result (type promotion, broadcasting to a larger shape) is added by torch after the kernel.
 """
 from __future__ import annotations
 

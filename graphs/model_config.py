@@ -179,13 +179,12 @@ def sharded(spec: ModelSpec, tp: int) -> ModelSpec:
     sum of theirs), which these rows list apart."""
     if not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"tensor-parallel degree must be a positive int, got {tp!r}")
-    kv_ok = spec.kv_heads % tp == 0 or tp % spec.kv_heads == 0
     for what, value in (("attention head count", spec.heads), ("intermediate size", spec.intermediate),
                         ("expert intermediate size", spec.expert_intermediate or tp),
                         ("shared expert intermediate size", spec.shared_intermediate or tp)):
         if value % tp:
             raise ConfigError(f"{spec.name}: its {what}, {value}, does not split over --tp {tp}")
-    if not kv_ok:
+    if spec.kv_heads % tp and tp % spec.kv_heads:
         raise ConfigError(f"{spec.name}: its {spec.kv_heads} KV heads neither split over nor replicate to --tp {tp}")
     return dataclasses.replace(spec, tp=tp)
 
