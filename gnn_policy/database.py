@@ -96,6 +96,8 @@ class Database:
         self.path = Path(path)
         existed = self.path.exists() and self.path.stat().st_size > 0
         if not existed and (readonly or not create):
+            if self.path.is_file():  # "no database at" would be wrong about a file that is there
+                raise DatabaseError(f"{self.path}: an empty file, not a gnn-policy database; it was left untouched")
             raise DatabaseError(f"no database at {self.path}")
         if readonly:
             self._open_readonly()

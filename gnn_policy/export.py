@@ -115,28 +115,18 @@ def gemms(args: ExportArgs) -> tuple[list[tuple[int | None, str, GemmProblem]], 
             [{"what": w, "why": y} for w, y in model.skipped], model.config)
 
 
-def _measurements(path: str) -> Any:
-    """The --measured database, the shipped snapshot loaded into it."""
-    from gnn_policy.database import Database, DatabaseError
-    from gnn_policy.snapshot import load_shipped
-
-    # Database says "no database at" an empty file, as at a missing one: misleading when it is there
-    if Path(path).is_file() and Path(path).stat().st_size == 0:
-        raise DatabaseError(f"{path}: an empty file, not a gnn-policy database; it was left untouched")
-    db = Database(path, create=False)
-    load_shipped(db)
-    return db
-
-
 def picker(args: ExportArgs, gpu: Any) -> Callable[[GemmProblem, int, str], list[TileConfig]]:
     """pick(problem, k, spelling): up to k configs a kernel of that spelling can run, best
     first; NoPick when there is nothing to choose from (no measurement of the problem)."""
     from gnn_policy import config_names
 
     if args.measured:
+        from gnn_policy.database import Database
         from gnn_policy.measure.result import CUBLAS
+        from gnn_policy.snapshot import load_shipped
 
-        db = _measurements(args.measured)
+        db = Database(args.measured, create=False)
+        load_shipped(db)
 
         def measured(problem: GemmProblem, k: int, spelling: str) -> list[TileConfig]:
             figures = db.tflops(gpu.name, problem.key)
