@@ -34,6 +34,7 @@ GPU) is skipped with its reason; an export that skips every GEMM is refused and 
 from __future__ import annotations
 
 import dataclasses
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -219,11 +220,18 @@ def read_triton(path: str | Path) -> dict[str, list[TileConfig]]:
     """The {problem key: configs} of a module `export --format triton` wrote."""
     from gnn_policy import config_names
 
-    loader = importlib.util.spec_from_file_location(Path(path).stem, path)
-    if loader is None:
-        raise ExportError(f"{path} is not a Python module")
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
+    # an explicit source loader: a module saved without the .py suffix is still Python
+    source = importlib.machinery.SourceFileLoader(Path(path).stem, str(path))
+    spec = importlib.util.spec_from_loader(source.name, source)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        source.exec_module(module)
+    except FileNotFoundError:
+        raise ExportError(f"{path}: no such file") from None
+    except SyntaxError as e:
+        raise ExportError(f"{path} is not a Python module: {e.msg} (line {e.lineno})") from None
+    if not isinstance(getattr(module, "CONFIGS", None), dict):
+        raise ExportError(f"{path} has no CONFIGS dict: it was not written by export --format triton")
     return {key: [config_names.read(c) for c in configs] for key, configs in module.CONFIGS.items()}
 
 

@@ -71,6 +71,18 @@ def test_measured_picks_the_fastest_the_kernel_can_run(tmp_path):
     assert out["written"] == {"N=256,K=128,device_name=NVIDIA_H200.json": [16]}
     run(ExportArgs(out=str(tmp_path / "t.py"), format="triton", top_k=8, **common))
     assert read_triton(tmp_path / "t.py") == {problem.key: [split, plain, slow]}
+    (tmp_path / "t.py").rename(tmp_path / "configs")  # saved without its suffix, it still reads
+    assert read_triton(tmp_path / "configs") == {problem.key: [split, plain, slow]}
+
+
+@pytest.mark.parametrize("text, message", [(None, "no such file"), ("x = (", "not a Python module"),
+                                           ("CONFIGS = 3\n", "has no CONFIGS dict")])
+def test_reading_back_what_export_did_not_write_names_the_file(tmp_path, text, message):
+    path = tmp_path / "other.py"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ExportError, match=message):
+        read_triton(path)
 
 
 def test_a_tensor_parallel_export_names_one_gpus_share_as_vllm_does(tmp_path, checkpoint):
