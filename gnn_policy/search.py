@@ -10,6 +10,7 @@ knows after k measurements.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import defaultdict
 from typing import Generator, Sequence
@@ -58,6 +59,28 @@ class Measurer:
             known = self.db.tflops(self.gpu.name, problem.key, self.source)
             out.append([known.get(c.key) for c in configs])
         return out
+
+
+@contextlib.contextmanager
+def local_measurer(db, gpu: GpuSpec, counts: defaultdict, runner: str, timeout_s: float,
+                   simulated=None) -> Generator[Measurer, None, None]:
+    """A Measurer on this machine: the analytic model's `SimulatedPool` when `simulated` (a
+    fitted analytic model) is given, else the measuring worker `runner`, with a compile pool
+    ahead of it when the runner is ours and a GPU is there (a test's runner compiles nothing)."""
+    from gnn_policy.measure.simulator import SimulatedPool
+
+    if simulated is not None:
+        yield Measurer(db, gpu, SimulatedPool(simulated, gpu), None, counts, source="simulated")
+        return
+    import torch
+
+    from gnn_policy.measure.compile import CompilePool
+    from gnn_policy.measure.workers import WorkerPool
+
+    real = runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
+    with WorkerPool(runner, gpu=gpu.name, timeout_s=timeout_s) as pool, \
+            (CompilePool() if real else contextlib.nullcontext()) as compiler:
+        yield Measurer(db, gpu, pool, compiler, counts)
 
 
 def run_searches(searches: Sequence[tuple[GemmProblem, Search]], measure: Measurer) -> list[Trace]:

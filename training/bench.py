@@ -87,20 +87,15 @@ def fractions(trace: list, best: float, budgets: list[int]) -> dict[int, float]:
 def run(args: BenchArgs) -> dict:
     if args.report_only:
         return report_from_csv(args)
-    import contextlib
-
-    import torch
     from tqdm import tqdm
 
     import hardware_specs
     from gnn_policy import distributed
-    from gnn_policy.measure.compile import CompilePool
     from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
     from gnn_policy.measure.simulator import load_fitted
-    from gnn_policy.measure.workers import WorkerPool
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
-    from gnn_policy.search import Measurer
+    from gnn_policy.search import local_measurer
     from gnn_policy.snapshot import RunExport, load_shipped
 
     db_path = distributed.as_rank(args.db, args.shard_dir)  # under torchrun: this rank's GPU and database
@@ -114,12 +109,10 @@ def run(args: BenchArgs) -> dict:
         export = RunExport(db, args.shard_dir, gpu.name, distributed.shard_kind("bench")) if args.shard_dir else None
         measured = {p.key for p in db.problems(gpu.name)}
         problems = distributed.share([p for p in select_problems(args.split, args.problems, 0) if p.key in measured])
-        real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
         stopped = on_interrupt(lambda: f"{counts['measured']} measurements stored in {args.db}; run the same "
                                        "command again to resume (what is measured is reused)")
-        with stopped, WorkerPool(args.runner, gpu=gpu.name, timeout_s=args.timeout) as pool, \
-                (CompilePool() if real else contextlib.nullcontext()) as compiler:
-            measure = Measurer(db, gpu, pool, compiler, counts)
+        with stopped, local_measurer(db, gpu, counts, args.runner, args.timeout) as measure:
+            real = measure.compiler is not None  # our runner on a GPU, not a test's stand-in
             deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
             found = {}
             for p in tqdm(problems, desc=f"bench {gpu.name}", unit="problem"):

@@ -23,29 +23,23 @@ class measurer:
     def __enter__(self):
         import contextlib
 
-        import torch
-
-        from gnn_policy.measure.compile import CompilePool
-        from gnn_policy.measure.simulator import SimulatedPool, load_fitted
-        from gnn_policy.measure.workers import WorkerPool
         from gnn_policy.policy import DEFAULT_CHECKPOINT
-        from gnn_policy.search import Measurer
+        from gnn_policy.search import Measurer, local_measurer
 
         self.stack = contextlib.ExitStack()
+        counts = collections.defaultdict(int)
         if self.args.replay:
             from gnn_policy.measure.replay import ReplayPool
 
-            pool, compiler = ReplayPool(self.args.replay, self.spec.name), None
-        elif self.source == "simulated":
-            pool = SimulatedPool(load_fitted(self.args.analytic or DEFAULT_CHECKPOINT.parent / "analytic.json"),
-                                 self.spec)
-            compiler = None
-        else:
-            pool = self.stack.enter_context(WorkerPool(self.args.runner, gpu=self.spec.name,
-                                                       timeout_s=self.args.timeout))
-            real = self.args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
-            compiler = self.stack.enter_context(CompilePool()) if real else None
-        return Measurer(self.db, self.spec, pool, compiler, collections.defaultdict(int), source=self.source)
+            return Measurer(self.db, self.spec, ReplayPool(self.args.replay, self.spec.name), None, counts,
+                            source=self.source)
+        analytic = None
+        if self.source == "simulated":
+            from gnn_policy.measure.simulator import load_fitted
+
+            analytic = load_fitted(self.args.analytic or DEFAULT_CHECKPOINT.parent / "analytic.json")
+        return self.stack.enter_context(local_measurer(self.db, self.spec, counts, self.args.runner,
+                                                       self.args.timeout, simulated=analytic))
 
     def __exit__(self, *exc: object) -> None:
         self.stack.close()

@@ -168,17 +168,14 @@ def run(args: TransferArgs) -> dict:
         raise TransferError("--target and --plain are required (unless --report-only)")
     import contextlib
 
-    import torch
     from tqdm import tqdm
 
     import hardware_specs
     from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
-    from gnn_policy.measure.compile import CompilePool
-    from gnn_policy.measure.simulator import SimulatedPool, load_fitted
-    from gnn_policy.measure.workers import WorkerPool
+    from gnn_policy.measure.simulator import load_fitted
     from gnn_policy.policy import Policy
-    from gnn_policy.search import Measurer
+    from gnn_policy.search import local_measurer
     from gnn_policy.snapshot import load_shipped, run_stamp
 
     spec = hardware_specs.load(args.target)
@@ -199,16 +196,12 @@ def run(args: TransferArgs) -> dict:
             db.set_meta(EXPORTED, json.dumps(db.high_water()))
         # the split's problems collected first, with seed 0 as `collect` draws them (test: the dense sweeps)
         problems = select_problems(args.split, args.problems, 0)
-        if args.simulate:
-            pool, compiler = SimulatedPool(analytic, spec), None
-        else:
-            pool = stack.enter_context(WorkerPool(args.runner, gpu=spec.name, timeout_s=args.timeout))
-            real = args.runner.startswith("gnn_policy.measure.runner:") and torch.cuda.is_available()
-            compiler = stack.enter_context(CompilePool()) if real else None
+        if not args.simulate:
             problems = [p for p in problems if db.best_known(spec.name, p.key)]  # a Triton best known to compare with
         if not problems:
             raise TransferError(f"no {args.split}-split problem is measured on {spec.name} in {args.db}: collect them first")
-        measure = Measurer(db, spec, pool, compiler, counts, source=source)
+        measure = stack.enter_context(local_measurer(db, spec, counts, args.runner, args.timeout,
+                                                     simulated=analytic if args.simulate else None))
         log = TransferLog(Path(args.out) / RUN_LOG)
         stack.enter_context(on_interrupt(lambda: f"{counts['runs']} runs finished this call, kept in {log.path}; "
                                                  f"measurements stored in {db.path}; run the same command again to "
