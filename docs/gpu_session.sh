@@ -9,7 +9,8 @@
 # wstrial (the warpspec variant's GPU correctness trial with its hang rule lifted; it stops after
 # two hangs), wsceiling (its ceiling on the first 15 shapes, only after a trial without a hung or
 # failed case, in this call or the one before on the same warm machine), collect
-# (random-train, resumes from the shipped shards).
+# (random-train, resumes from the shipped shards), sweep200 (the H200's random-test split swept
+# densely, resuming: 1,000 configs a problem, then refinement and confirm; an H200 only).
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
 export TQDM_DISABLE=1  # progress bars of a scripted call only bloat its logs (a collect's ran to 100 KB)
@@ -46,6 +47,11 @@ for stage in "$@"; do
       timeout $(( L < 240 ? L : 240 )) python3 -m gnn_policy.cli sweep --db /tmp/s.sqlite --split random-test --problems 80 \
         --configs 200 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit $(mins $(( L < 240 ? L - 40 : 200 ))) --timeout 10 \
         --shard-dir $R/s > $R/picks.log 2>&1 ;;
+    sweep200)
+      case "$GPU" in *H200*) ;; *) echo "not an H200: no H200 random-test sweep"; continue;; esac
+      timeout $L python3 -m gnn_policy.cli sweep --db /tmp/s.sqlite --split random-test --problems 80 \
+        --configs 1000 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit $(mins $((L-50))) \
+        --timeout 10 --compile-timeout 60 --shard-dir $R/s > $R/sweep.log 2>&1 ;;
     e2e)
       timeout $L python3 -m gnn_policy.benchmarks.model_e2e --out $R/e2e --time-limit $(mins $((L-120))) > $R/e2e.log 2>&1 ;;
     adapter)

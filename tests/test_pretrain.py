@@ -147,3 +147,16 @@ def test_train_share_config_share_and_train_on_val_change_the_training_set_and_t
     for bad, message in (("1.5", "at most 1"), ("0", "more than 0")):
         with pytest.raises(Exception, match=message):
             share_flag(bad)
+
+
+def test_jobs_started_together_in_one_log_folder_write_apart(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from training.tracking import loggers; "
+            "print(loggers(Path(sys.argv[1]), job_type='t', group='g', tags=(), config={}, wandb=False)[0].log_dir)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    dirs = [p.communicate()[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert dirs[0] != dirs[1] and all(d.startswith(str(tmp_path / "csv")) for d in dirs)

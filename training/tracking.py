@@ -3,6 +3,7 @@ and a local CSV of the same metrics."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -14,12 +15,15 @@ def _offline_by_default() -> None:
 
 def loggers(save_dir: Path, *, job_type: str, group: str, tags: Sequence[str], config: dict,
             wandb: bool = True) -> list:
-    """[CSVLogger, WandbLogger] for a Lightning job: metrics land in save_dir/csv and
-    save_dir/wandb/offline-run-*."""
+    """[CSVLogger, WandbLogger] for a Lightning job: metrics land in save_dir/csv/<start time>-<pid>
+    and save_dir/wandb/offline-run-*."""
     from pytorch_lightning.loggers import CSVLogger
 
     save_dir.mkdir(parents=True, exist_ok=True)
-    out = [CSVLogger(str(save_dir), name="csv")]
+    # named, not numbered: two jobs started together in one folder both took version_0, and the
+    # second one's first epoch died in the CSV writer
+    version = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    out = [CSVLogger(str(save_dir), name="csv", version=version)]
     if wandb:
         from pytorch_lightning.loggers import WandbLogger
 
