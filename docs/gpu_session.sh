@@ -53,6 +53,9 @@ for stage in "$@"; do
         --configs 1000 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit $(mins $((L-50))) \
         --timeout 10 --compile-timeout 60 --shard-dir $R/s > $R/sweep.log 2>&1 ;;
     e2e)
+      # resumes from the rows shipped for this GPU (the script skips the rows its --out holds)
+      mkdir -p $R/e2e; case "$GPU" in *H200*) D=H200-SXM-141GB;; *H100*) D=H100-SXM5-80GB;; *) D=none;; esac
+      cp docs/data/model_e2e/$D/model_e2e.jsonl $R/e2e/ 2>/dev/null
       timeout $L python3 -m gnn_policy.benchmarks.model_e2e --out $R/e2e --time-limit $(mins $((L-120))) > $R/e2e.log 2>&1 ;;
     adapter)
       timeout $(( L < 200 ? L : 200 )) python3 -m gnn_policy.benchmarks.adapter_bench --out $R/adapter > $R/adapter.log 2>&1 ;;
