@@ -9,11 +9,12 @@ import sys
 from typing import Any, Callable, Sequence
 
 import hardware_specs
+from graphs.model_config import ConfigError
 from gnn_policy.args import add_fields, build, flag
 from gnn_policy.checkpoint import CheckpointError
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
-from gnn_policy.export import ExportArgs
+from gnn_policy.export import ExportArgs, ExportError as PicksExportError
 from gnn_policy.sweep import SweepArgs
 from gnn_policy.database import DatabaseError
 from gnn_policy.interrupts import EXIT_INTERRUPTED, Interrupted, terminate_as_interrupt
@@ -21,8 +22,9 @@ from gnn_policy.inventory import SpecsArgs, StatsArgs, format_table, run_specs, 
 from gnn_policy.limits import ProblemTooLarge
 from gnn_policy.measure.replay import ReplayError
 from gnn_policy.measure.workers import WorkerError
+from gnn_policy.model_tune import ModelSpecError
 from gnn_policy.snapshot import ExportError
-from gnn_policy.tune import TuneArgs
+from gnn_policy.tune import TuneArgs, TuneError
 from training.bench import BenchArgs
 from training.finetune import FinetuneArgs, FinetuneError
 from training.imported import ImportedArgs
@@ -33,7 +35,8 @@ from training.transfer import TransferArgs, TransferError
 # What a user can get wrong or run into (a bad file, a full disk, a GPU that is not here): the
 # message names the culprit, so it is printed alone, without a traceback.
 USER_ERRORS = (hardware_specs.SpecError, DatabaseError, FileNotFoundError, FinetuneError, TransferError,
-               CheckpointError, ProblemTooLarge, ReplayError, WorkerError, ExportError)
+               CheckpointError, ProblemTooLarge, ReplayError, WorkerError, ExportError, ConfigError, ModelSpecError,
+               TuneError, PicksExportError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,29 +157,18 @@ def run_transfer(args: TransferArgs) -> int:
 
 
 def run_tune(args: TuneArgs) -> int:
-    from graphs.model_config import ConfigError
-    from gnn_policy.model_tune import ModelSpecError, table as model_table
-    from gnn_policy.tune import TuneError, run, table
+    from gnn_policy.model_tune import table as model_table
+    from gnn_policy.tune import run, table
 
-    try:
-        out = run(args)
-    except (ConfigError, ModelSpecError, TuneError) as exc:
-        print(f"gnn-policy tune: {exc}", file=sys.stderr)
-        return 2
+    out = run(args)
     print(json.dumps(out, indent=1) if args.json else (model_table if args.model else table)(out))
     return 0
 
 
 def run_export(args: ExportArgs) -> int:
-    from graphs.model_config import ConfigError
-    from gnn_policy.export import ExportError, run
-    from gnn_policy.model_tune import ModelSpecError
+    from gnn_policy.export import run
 
-    try:
-        out = run(args)
-    except (ConfigError, ModelSpecError, ExportError) as exc:
-        print(f"gnn-policy export: {exc}", file=sys.stderr)
-        return 2
+    out = run(args)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
