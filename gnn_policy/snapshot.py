@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from graphs import GemmProblem
-from gnn_policy.database import Database, problem_from_fields
+from gnn_policy.database import Database
+from gnn_policy.db_schema import problem_from_fields
 from gnn_policy.measure.result import CUBLAS, Measurement, Retime
 from gnn_policy.space import TileConfig
 

@@ -90,7 +90,7 @@ def test_offline_picks_of_the_shipped_policy_are_fractions_of_best_known(tmp_pat
 def test_no_correct_row_beats_the_roofline_with_the_launch_floor(rows):
     """The bound of `calibration.roofline_us` is physics: no measured kernel was faster."""
     from gnn_policy.calibration import roofline_us
-    from gnn_policy.database import problem_from_fields
+    from gnn_policy.db_schema import problem_from_fields
 
     specs = {}
     for r in rows:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import hardware_specs
 from graphs.classes import ROLES, split_of
-from gnn_policy.database import Database, problem_from_fields
+from gnn_policy.database import Database
+from gnn_policy.db_schema import problem_from_fields
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.measure.simulator import AnalyticModel, fit
 from gnn_policy.snapshot import load_shipped

@@ -30,7 +30,8 @@ import hardware_specs
 from graphs import GemmProblem
 from graphs.classes import ROLES, split_of
 from gnn_policy.calibration import roofline_us
-from gnn_policy.database import Database, problem_from_fields
+from gnn_policy.database import Database
+from gnn_policy.db_schema import problem_from_fields
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.snapshot import load_shipped
 

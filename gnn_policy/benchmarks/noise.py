@@ -18,7 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import hardware_specs
-from gnn_policy.database import Database, problem_from_fields
+from gnn_policy.database import Database
+from gnn_policy.db_schema import problem_from_fields
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.space import TileConfig
 
