@@ -6,6 +6,7 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 import torch
 
 import hardware_specs
@@ -153,3 +154,25 @@ def test_measurer_many_compiles_every_job_in_one_stream_and_measures_a_repeated_
         assert counts["measured"] == 6 and counts["compile_cpu_s"] == 1.5  # 6 compiles, one stream
         assert compiled.streams == 1
         assert measure.many([(problems[1], configs[1])]) == [values[1]] and compiled.streams == 1  # all stored
+
+
+def test_local_measurer_simulates_with_the_analytic_model_or_runs_the_worker_without_a_compiler_off_the_gpu(tmp_path):
+    from gnn_policy.measure.simulator import SimulatedPool, load_fitted
+    from gnn_policy.measure.workers import WorkerPool
+    from gnn_policy.search import local_measurer
+
+    problem = GemmProblem(64, 4096, 4096)
+    configs = valid_configs(space("full"), H200, problem)[:2]
+    analytic = load_fitted(Path(__file__).resolve().parent.parent / "checkpoints" / "analytic.json")
+    with Database(str(tmp_path / "m.sqlite")) as db:
+        with local_measurer(db, H200, defaultdict(int), "fake_runner:measure", 30, simulated=analytic) as measure:
+            assert isinstance(measure.pool, SimulatedPool) and measure.compiler is None
+            assert measure.source == "simulated"
+            simulated = measure(problem, configs)
+        assert simulated == pytest.approx(analytic.predict_tflops(problem, configs, H200), rel=1e-6)
+        with local_measurer(db, H200, defaultdict(int), "fake_runner:measure", 30) as measure:
+            # a test's runner on a machine without CUDA: the worker measures, nothing compiles ahead
+            assert isinstance(measure.pool, WorkerPool) and measure.compiler is None
+            assert measure.source == "real" and len(measure(problem, configs)) == 2
+        assert len(db.measured(H200.name, "simulated", problem=problem.key)) == 2
+        assert len(db.measured(H200.name, "real", problem=problem.key)) == 2
