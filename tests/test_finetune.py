@@ -128,6 +128,16 @@ def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monke
     assert again["spent_measurements"] == 12 == _rows(tmp_path)  # finished: nothing more to spend
 
 
+def test_a_time_budget_resumed_keeps_the_seconds_already_spent(tmp_path, ckpt):
+    args = _args(tmp_path, ckpt, gpu="h100", simulate=True, budget="30s", rounds=2)
+    card = run(args)
+    state_path = tmp_path / "out" / "h100.simulated.finetune.json"
+    spent = json.loads(state_path.read_text())["spent_seconds"]
+    assert spent > 0 and card["spent_seconds"] == round(spent, 1)
+    again = run(args)  # finished: nothing more is spent, and what was is not forgotten
+    assert json.loads(state_path.read_text())["spent_seconds"] == spent and again["spent_seconds"] == round(spent, 1)
+
+
 @pytest.mark.parametrize("verdict, kept", [(CheckResult(0.9, 0.7, 3), "start"), (CheckResult(0.7, 0.9, 3), "adapted"),
                                             (CheckResult(None, None, 0), "start")])
 def test_the_guard_falls_back_to_the_start_unless_the_cross_fit_says_the_adaptation_picks_better(

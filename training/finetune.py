@@ -246,8 +246,8 @@ def run(args: FinetuneArgs) -> dict:
                                 "which the run would learn from: give it a new --db")
         # after the refusals, and only with rounds left: a finished run re-entered logs no second run
         tracker = _tracker(args, spec.name) if args.wandb and state["round"] < args.rounds else None
+        budget.spent_seconds = state["spent_seconds"]  # read before the save below writes the budget's figure
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
-        budget.spent_seconds = state["spent_seconds"]
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
         policy = Policy.load(weights) if state["round"] else start_policy
         adapter = Adapter(policy, args.plan)
