@@ -12,7 +12,7 @@ import torch
 from graphs import GemmProblem
 from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error
 from gnn_policy.measure.inputs import TORCH_DTYPES, make_inputs
-from gnn_policy.ops import default_config, gpu_for, matmul
+from gnn_policy.ops import chosen_config, gpu_for, matmul
 from gnn_policy.space import TileConfig
 
 CPU_CASES = [
@@ -38,7 +38,7 @@ def demo(seed: int = 0) -> int:
     gpu = gpu_for(torch.device(device))
     mode = "GPU" if device == "cuda" else "Triton interpreter (CPU)"
     print(f"gnn_policy.matmul on {mode}, validity rules of {gpu.name}")
-    print(f"{'problem':<34} {'config':<38} {'rel err':>9} {'tol':>7} {'s':>6}  result")
+    print(f"{'problem':<34} {'config':<44} {'rel err':>9} {'tol':>7} {'s':>6}  result")
     failed = 0
     for i, (problem, config) in enumerate(cases):
         args = make_inputs(problem, device, seed=seed + i)
@@ -49,9 +49,9 @@ def demo(seed: int = 0) -> int:
         seconds = time.perf_counter() - start
         err = relative_error(out, reference(**args))
         tol = TOLERANCE[TORCH_DTYPES[problem.dtype]]
-        shown = config or default_config(problem.m, problem.n, problem.k, problem.dtype, gpu, problem.batch)
+        shown, source = (config, "") if config else chosen_config(problem, gpu)
         ok = err <= tol
         failed += not ok
-        label = shown.key + ("" if config else " (default)")
-        print(f"{problem.key:<34} {label:<38} {err:9.2e} {tol:7.0e} {seconds:6.2f}  {'ok' if ok else 'WRONG'}")
+        label = shown.key + (f" ({source})" if source else "")
+        print(f"{problem.key:<34} {label:<44} {err:9.2e} {tol:7.0e} {seconds:6.2f}  {'ok' if ok else 'WRONG'}")
     return 1 if failed else 0

@@ -200,6 +200,15 @@ def policy_config(problem: GemmProblem, gpu: hardware_specs.GpuSpec) -> TileConf
     return picks[0].config if picks else None
 
 
+def chosen_config(problem: GemmProblem, gpu: hardware_specs.GpuSpec) -> tuple[TileConfig, str]:
+    """The config `matmul` runs for `problem` without one given, and where it came from:
+    "policy" (its top-1) or "default" (`default_config`: fp32, or no checkpoint)."""
+    picked = policy_config(problem, gpu)
+    if picked is not None:
+        return picked, "policy"
+    return default_config(problem.m, problem.n, problem.k, problem.dtype, gpu, problem.batch), "default"
+
+
 def _layout(t: torch.Tensor) -> str:
     return "col" if t.stride(-2) == 1 and t.stride(-1) != 1 else "row"
 
@@ -234,7 +243,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
         batch = out_shape[0] if len(out_shape) == 3 else 1
         problem = GemmProblem(m, n, k, batch=batch, dtype=dtype, a_layout=_layout(a), b_layout=_layout(b),
                               bias=bias is not None, activation=activation, residual=residual is not None)
-        chosen = policy_config(problem, gpu) or default_config(m, n, k, dtype, gpu, batch)
+        chosen, _ = chosen_config(problem, gpu)
         try:
             return launch(a, b, chosen, bias=bias, activation=activation, residual=residual)
         except LayoutError:  # a chosen config may fall back (pointer alignment); an explicit one never does

@@ -56,6 +56,13 @@ def test_demo_checks_against_torch():
     res = _cli("demo")
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count(" ok") == 4 and "WRONG" not in res.stdout
+    # the config shown is the one that ran: the policy's pick for a problem given none
+    import hardware_specs
+    from gnn_policy.demo import CPU_CASES
+    from gnn_policy.ops import policy_config
+
+    problem = CPU_CASES[0][0]
+    assert f"{policy_config(problem, hardware_specs.load('h200')).key} (policy)" in res.stdout
 
 
 def test_flags_come_from_the_dataclass():
