@@ -48,6 +48,13 @@ def run(args: TuneArgs) -> dict:
 
         if args.m or args.n or args.k:
             raise TuneError("--model tunes the model's own GEMMs: leave --m, --n and --k out")
+        one_gemm = [f"--{name.replace('_', '-')}" for name, on in (
+            ("batch", args.batch != 1), ("bias", args.bias), ("activation", args.activation not in ("", "none")),
+            ("residual", args.residual), ("a_layout", args.a_layout != "row"), ("b_layout", args.b_layout != "row"),
+            ("linear", args.linear)) if on]
+        if one_gemm:  # the model's layers decide these; silently ignoring them would mislead
+            raise TuneError(f"--model takes each GEMM's shape, layouts and epilogue from the model: leave "
+                            f"{', '.join(one_gemm)} out")
         return run_model(args)
     if args.tp != 1:
         raise TuneError("--tp splits the GEMMs of a --model config: give --model, or the shapes of one GPU's share")

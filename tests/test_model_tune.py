@@ -96,6 +96,8 @@ def test_cli_names_the_bad_field_and_refuses_measure_without_cuda(tmp_path, chec
         run_tune(TuneArgs(m=16))
     with pytest.raises(TuneError, match="leave --m, --n and --k out"):
         run_tune(TuneArgs(model="gpt2", m=16))
+    with pytest.raises(TuneError, match="from the model: leave --batch, --bias, --activation, --b-layout out"):
+        run_tune(TuneArgs(model="gpt2", batch=4, bias=True, activation="relu", b_layout="col"))
     with pytest.raises(TuneError, match="--tp splits the GEMMs of a --model config"):
         run_tune(TuneArgs(m=16, n=16, k=16, tp=2))
     with pytest.raises(ModelSpecError, match="leave --tp out"):
