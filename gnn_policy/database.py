@@ -319,7 +319,8 @@ class Database:
         return [(problem_from_fields(dict(zip(PROBLEM_COLUMNS, r[:n]))), r[n], r[n + 1]) for r in rows]
 
     def stats(self) -> dict:
-        """{'gpus': name -> {real_ok, real_failed, problems, configs}, 'by_source_status': name -> counts}."""
+        """{'gpus': name -> {real_ok, real_failed, problems, configs}, 'by_source_status': name -> counts};
+        problems and configs are those with real rows (simulated ones show under by_source_status)."""
         out: dict = {"gpus": {}, "by_source_status": {}}
         for (name,) in self.conn.execute("SELECT name FROM gpus ORDER BY name"):
             q = ("SELECT m.source, m.status, COUNT(*) FROM measurements m JOIN gpus g ON g.id=m.gpu_id "
@@ -327,7 +328,7 @@ class Database:
             by = {(src, st): n for src, st, n in self.conn.execute(q, (name,))}
             distinct = self.conn.execute(
                 "SELECT COUNT(DISTINCT problem_id), COUNT(DISTINCT config_id) FROM measurements m "
-                "JOIN gpus g ON g.id=m.gpu_id WHERE g.name=?", (name,)).fetchone()
+                "JOIN gpus g ON g.id=m.gpu_id WHERE g.name=? AND m.source='real'", (name,)).fetchone()
             out["gpus"][name] = {
                 "real_ok": by.get(("real", "ok"), 0),
                 "real_failed": sum(n for (src, st), n in by.items() if src == "real" and st != "ok"),

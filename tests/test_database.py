@@ -50,7 +50,12 @@ def test_simulated_rows_never_pass_as_real(tmp_path):
         db.add([(m, P, C1)])
         assert db.best_known("H200-SXM-141GB", P.key) is None
         assert db.measured("H200-SXM-141GB") == set()
-        assert db.stats()["gpus"]["H200-SXM-141GB"]["real_ok"] == 0
+        stats = db.stats()
+        assert (stats["gpus"]["H200-SXM-141GB"]["real_ok"], stats["gpus"]["H200-SXM-141GB"]["problems"]) == (0, 0)
+        assert stats["by_source_status"]["H200-SXM-141GB"] == {"simulated/ok": 1}
+        from gnn_policy.inventory import split_counts
+
+        assert split_counts(db.problem_counts("H200-SXM-141GB")) == {}  # a problem only simulated is not counted
 
 
 def test_a_batch_is_all_or_nothing(tmp_path):
