@@ -68,6 +68,7 @@ def test_a_count_budget_is_spent_exactly_never_more(tmp_path, ckpt, monkeypatch)
     card = run(_args(tmp_path, ckpt, budget="13"))
     assert card["spent_measurements"] == 13 == _rows(tmp_path)
     assert (tmp_path / "out" / "h200.pt").exists() and card["grad_norm_mean"]["calibration"] > 0  # the default
+    assert run(_args(tmp_path, ckpt, budget="13"))["grad_norm_mean"] == card["grad_norm_mean"]  # a re-run's card
     whole = run(_args(tmp_path, ckpt, budget="13", strategy="whole", output=str(tmp_path / "w"),
                       db=str(tmp_path / "w.sqlite")))
     assert whole["grad_norm_mean"]["supervised"] > 0 and "calibration" not in whole["grad_norm_mean"]

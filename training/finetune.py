@@ -224,7 +224,6 @@ def run(args: FinetuneArgs) -> dict:
          "start_digest": file_digest(start_path)} | ({"dtype": dtype} if model else {}) | \
         ({"tp": args.tp} if args.tp != 1 else {})  # absent at 1: states saved before --tp resume
     torch.manual_seed(args.seed)
-    norms: dict[str, list[float]] = {}
     with Database(args.db) as db, measurer(db, spec, args, source) as measure:
         # a replay can only tune on problems it holds rows of
         problems, note = select(split, args.problems, args.seed, model,
@@ -247,6 +246,8 @@ def run(args: FinetuneArgs) -> dict:
         # after the refusals, and only with rounds left: a finished run re-entered logs no second run
         tracker = _tracker(args, spec.name) if args.wandb and state["round"] < args.rounds else None
         budget.spent_seconds = state["spent_seconds"]  # read before the save below writes the budget's figure
+        # kept with the state, so that a resumed or re-run run's card reports every round's, not this call's
+        norms: dict[str, list[float]] = state.setdefault("norms", {})
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
         policy = Policy.load(weights) if state["round"] else start_policy
