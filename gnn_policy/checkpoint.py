@@ -51,6 +51,10 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: a folder, not a policy checkpoint file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty, not a policy checkpoint")
+    text = _text_start(path)
+    if text is not None:  # torch's own complaint about it names a pickle opcode or a KeyError
+        raise CheckpointError(f"{path}: a text file (it begins {text!r}), not one torch.save wrote: "
+                              "not a policy checkpoint")
     import torch
 
     try:
@@ -64,6 +68,18 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: a torch file but not a policy checkpoint: expected the keys "
                               f"{' and '.join(KEYS)}, found {found}")
     return state
+
+
+def _text_start(path: Path) -> str | None:
+    """The first line of a file that reads as text (at most 40 characters), else None. A file
+    torch.save wrote starts with a zip header or a pickle's protocol byte, neither of them text."""
+    with open(path, "rb") as f:
+        head = f.read(256)
+    try:
+        line = head.decode("utf-8").splitlines()[0] if head.strip() else ""
+    except UnicodeDecodeError:
+        return None
+    return line.strip()[:40] if line.strip() and line.isprintable() else None
 
 
 def weights_fault(exc: Exception) -> str:
