@@ -5,8 +5,9 @@ Two schemas are read. Llama's (`hidden_size`, `intermediate_size`, `num_attentio
 MoE `num_local_experts` or `num_experts` with `num_experts_per_tok`), also used by Mistral,
 Mixtral, Qwen2 (whose q, k and v projections have biases and o_proj none) and Qwen3; and
 GPT-2's (`n_embd`, `n_head`, `n_layer`, `n_inner`, `vocab_size`, `activation_function`),
-chosen by `model_type: gpt2` or an `n_embd` field. A config without `model_type` is read as
-Llama's; any other `model_type` (BERT, Phi-3's fused projections, DeepSeek's latent attention:
+chosen by `model_type: gpt2` or an `n_embd` field. A config without `model_type` is read by its
+`architectures` class names when it has them (a BertModel is refused), else as Llama's; any
+other `model_type` (BERT, Phi-3's fused projections, DeepSeek's latent attention:
 other GEMMs) is refused rather than read as a Llama it is not. A missing or ill-typed field is
 a `ConfigError` that names it.
 
@@ -140,12 +141,32 @@ def parse_config(cfg: Any, name: str = "model", where: str = "config") -> ModelS
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: a model config is a JSON object, got {type(cfg).__name__}")
     kind = cfg.get("model_type")
+    if kind is None and "architectures" in cfg:  # older configs name the class instead
+        kind = _kind_of_architectures(cfg["architectures"], where)
+        cfg = {**cfg, "model_type": kind}
     if kind == "gpt2" or (kind is None and "n_embd" in cfg):
         return _gpt2(cfg, where, name)
     if kind is not None and kind not in LLAMA_LIKE:
         raise ConfigError(f"{where}: model_type {kind!r} is not one whose GEMMs this reads (gpt2, "
                           f"{', '.join(LLAMA_LIKE)}); trace the model instead with --model module:function")
     return _llama(cfg, where, name)
+
+
+# class-name prefixes of `architectures` -> model_type, longest first (Qwen2Moe before Qwen2)
+ARCHITECTURES = (("Qwen2Moe", "qwen2_moe"), ("Qwen3Moe", "qwen3_moe"), ("Qwen2", "qwen2"), ("Qwen3", "qwen3"),
+                 ("Mixtral", "mixtral"), ("Mistral", "mistral"), ("Llama", "llama"), ("GPT2", "gpt2"))
+
+
+def _kind_of_architectures(names: Any, where: str) -> str:
+    """The model_type a config without one means by its `architectures`; refused when none is ours."""
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{where}: field 'architectures' must be a list of class names, got {names!r}")
+    for name in names:
+        for prefix, kind in ARCHITECTURES:
+            if name.startswith(prefix):
+                return kind
+    raise ConfigError(f"{where}: architectures {names} are not ones whose GEMMs this reads (Llama, Mistral, "
+                      "Mixtral, Qwen2, Qwen3, GPT-2); trace the model instead with --model module:function")
 
 
 def config_path(path: str | Path) -> Path:

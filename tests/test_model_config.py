@@ -92,6 +92,14 @@ def test_a_model_type_of_another_schema_is_refused_and_qwen2_biases_q_k_v_alone(
     assert model_gemms(parse_config(unset), 16) == model_gemms(parse_config(cfg), 16)
     llama = {g.layer: g.problem.bias for g in model_gemms(parse_config({**cfg, "attention_bias": True}), 16)}
     assert llama["self_attn.o_proj"] and llama["self_attn.q_proj"]
+    # without model_type, the class names decide: a BERT is refused, a Qwen2 gets its q, k, v biases
+    unset.pop("architectures", None)
+    with pytest.raises(ConfigError, match=r"x.json: architectures \['BertModel'\] are not ones whose GEMMs"):
+        parse_config({**unset, "architectures": ["BertModel"]}, where="x.json")
+    qwen = {g.layer: g.problem.bias for g in model_gemms(parse_config({**unset, "architectures": ["Qwen2ForCausalLM"]}), 16)}
+    assert qwen["self_attn.q_proj"] and not qwen["self_attn.o_proj"]
+    with pytest.raises(ConfigError, match="field 'architectures' must be a list of class names"):
+        parse_config({**unset, "architectures": "LlamaForCausalLM"})
 
 
 def test_tensor_parallel_shares_split_n_or_k_as_vllm_does():
