@@ -174,7 +174,8 @@ def run_export(args: ExportArgs) -> int:
         return 0
     print(f"{args.format} configs for {out['gpu']} from {out['source']}:")
     for name, keys in out["written"].items():
-        print(f"  {name}: {len(keys)} {'token counts' if args.format == 'vllm' else 'problems'}")
+        what = "token count" if args.format == "vllm" else "problem"
+        print(f"  {name}: {len(keys)} {what}{'' if len(keys) == 1 else 's'}")
     for s in out["skipped"]:
         print(f"skipped: {s['what']}: {s['why']}")
     return 0

@@ -293,7 +293,8 @@ def run(args: ExportArgs) -> dict:
     if args.format not in ("vllm", "triton"):
         raise ExportError(f"--format must be vllm or triton, got {args.format!r}")
     if args.dtype not in ("fp16", "bf16"):
-        raise ExportError(f"--dtype must be fp16 or bf16 (the engines' 16-bit files), got {args.dtype!r}")
+        raise ExportError(f"--dtype must be fp16 or bf16 (the policy picks for 16-bit GEMMs, and the engines' "
+                          f"files are 16-bit), got {args.dtype!r}")
     if args.format == "triton" and args.names not in config_names.SPELLINGS:
         raise ExportError(f"--names must be one of {sorted(config_names.SPELLINGS)}, got {args.names!r}")
     out = _out(args)
