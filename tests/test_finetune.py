@@ -117,14 +117,16 @@ def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monke
         run(_args(tmp_path, ckpt, budget="12", rounds=3))
     spent_before = _rows(tmp_path)
     assert 0 < spent_before <= 12
+    out = tmp_path / "out"  # a stopped run leaves its rounds' weights, and nothing that looks like a result
+    assert (out / "h200.rounds.pt").exists() and not (out / "h200.pt").exists() and not (out / "h200.card.json").exists()
     monkeypatch.setattr(adaptation, "calibrate", real_adapt)
     original, loaded = Policy.load.__func__, []
     monkeypatch.setattr(Policy, "load", classmethod(lambda cls, path: (loaded.append(str(path)), original(cls, path))[1]))
     card = run(_args(tmp_path, ckpt, budget="12", rounds=3))
     # the start, checked before anything is written; then round 1's adapted weights, which the run goes on from
-    assert loaded[:2] == [str(ckpt), str(tmp_path / "out" / "h200.pt")]
+    assert loaded[:2] == [str(ckpt), str(out / "h200.rounds.pt")]
     assert loaded[2:] == [str(ckpt)]  # the start, for the guard
-    assert card["spent_measurements"] == 12 == _rows(tmp_path)
+    assert card["spent_measurements"] == 12 == _rows(tmp_path) and (out / "h200.pt").exists()
     again = run(_args(tmp_path, ckpt, budget="12", rounds=3))
     assert again["spent_measurements"] == 12 == _rows(tmp_path)  # finished: nothing more to spend
 

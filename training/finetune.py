@@ -12,7 +12,8 @@ over the tuning problems (`training.guard`) decides which weights are kept: wher
 half of the problems does not pick better on the other half, the run falls back to the
 calibration alone or to the starting weights, and says so. The budget is never overspent: a
 count budget is exact, and a time budget stops before the next batch once it is used. A state
-file makes the run resumable.
+file makes the run resumable; between rounds the adapted weights are `<gpu>.rounds.pt`, and
+`<gpu>.pt` with its card appears only when the run has ended.
 """
 from __future__ import annotations
 
@@ -208,10 +209,11 @@ def run(args: FinetuneArgs) -> dict:
     out = Path(args.output)
     name = args.gpu if source == "real" else f"{args.gpu}.simulated"
     state_path, weights = out / f"{name}.finetune.json", out / f"{name}.pt"
+    rounds_path = out / f"{name}.rounds.pt"  # a run stopped part way leaves no result-looking checkpoint
     start_path = Path(args.checkpoint or DEFAULT_CHECKPOINT)
     if not start_path.exists():
         raise FinetuneError(f"no policy checkpoint at {start_path}; train one with `gnn-policy pretrain`")
-    if start_path.resolve() == weights.resolve():  # the guard's fallback and a resume both need the start intact
+    if start_path.resolve() in (weights.resolve(), rounds_path.resolve()):  # the guard's fallback needs the start intact
         raise FinetuneError(f"--checkpoint {start_path} is the file this run writes: give another --output")
     start_policy = Policy.load(start_path)  # a file that is no checkpoint is refused before anything is written
     if not (args.simulate or args.replay):
@@ -250,7 +252,8 @@ def run(args: FinetuneArgs) -> dict:
         norms: dict[str, list[float]] = state.setdefault("norms", {})
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
-        policy = Policy.load(weights) if state["round"] else start_policy
+        # (a state written before `rounds_path` existed kept them in `weights`)
+        policy = Policy.load(rounds_path if rounds_path.exists() else weights) if state["round"] else start_policy
         adapter = Adapter(policy, args.plan)
         stopped = on_interrupt(lambda: f"{db.count_since(spec.name, source, state['since'])} measurements of this "
                                        f"run stored in {args.db}; run the same command again to resume (it spends "
@@ -262,7 +265,7 @@ def run(args: FinetuneArgs) -> dict:
                                          lambda: _save_state(state_path, state, budget), state["since"], rnd)
                 adapter.round(problems, spec, db, source, measured, norms)
                 out.mkdir(parents=True, exist_ok=True)
-                save_checkpoint(policy.model, weights)
+                save_checkpoint(policy.model, rounds_path)
                 state["round"] = rnd + 1
                 _save_state(state_path, state, budget)
                 if tracker is not None:
@@ -278,7 +281,11 @@ def run(args: FinetuneArgs) -> dict:
                 elif check.kept == "calibrated":
                     save_checkpoint(calibrated_only(start, problems, spec, db, source, args.plan, args.rounds,
                                                     args.seed).model, weights)
+                else:
+                    save_checkpoint(policy.model, weights)
                 _save_state(state_path, state, budget)
+            elif not args.guard:
+                save_checkpoint(policy.model, weights)
         budget.spent_count = db.count_since(spec.name, source, state["since"])
     card = {"job": "finetune", "gpu": spec.name, "source": source, "checkpoint": weights.name,
             "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,
