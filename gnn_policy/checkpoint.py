@@ -71,15 +71,21 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def _text_start(path: Path) -> str | None:
-    """The first line of a file that reads as text (at most 40 characters), else None. A file
-    torch.save wrote starts with a zip header or a pickle's protocol byte, neither of them text."""
-    with open(path, "rb") as f:
-        head = f.read(256)
+    """The first non-blank line of a file that reads as text (at most 40 characters), else None.
+    A file torch.save wrote starts with a zip header or a pickle's protocol byte, neither text."""
     try:
-        line = head.decode("utf-8").splitlines()[0] if head.strip() else ""
-    except UnicodeDecodeError:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:  # unreadable: torch.load's attempt says so in the one error
         return None
-    return line.strip()[:40] if line.strip() and line.isprintable() else None
+    try:
+        text = head.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not a character cut off at the end of what was read
+            return None
+        text = head[:exc.start].decode("utf-8-sig")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:40] if lines and lines[0].replace("\t", " ").isprintable() else None
 
 
 def weights_fault(exc: Exception) -> str:

@@ -309,12 +309,12 @@ class Database:
         return key, figures[key]
 
     def problem_counts(self, gpu: str) -> list[tuple[GemmProblem, int, int]]:
-        """(problem, correct real rows, failed real rows) for every problem with a row on `gpu`."""
+        """(problem, correct real rows, failed real rows) for every problem with a real row on `gpu`."""
         cols = ", ".join(f"p.{c}" for c in PROBLEM_COLUMNS)
         rows = self.conn.execute(
             f"SELECT {cols}, SUM(m.source='real' AND m.status='ok'), SUM(m.source='real' AND m.status!='ok') "
             "FROM measurements m JOIN gpus g ON g.id=m.gpu_id JOIN problems p ON p.id=m.problem_id "
-            "WHERE g.name=? GROUP BY p.id ORDER BY p.id", (gpu,))
+            "WHERE g.name=? GROUP BY p.id HAVING SUM(m.source='real') > 0 ORDER BY p.id", (gpu,))
         n = len(PROBLEM_COLUMNS)
         return [(problem_from_fields(dict(zip(PROBLEM_COLUMNS, r[:n]))), r[n], r[n + 1]) for r in rows]
 

@@ -228,8 +228,11 @@ def read_triton(path: str | Path) -> dict[str, list[TileConfig]]:
         source.exec_module(module)
     except FileNotFoundError:
         raise ExportError(f"{path}: no such file") from None
-    except SyntaxError as e:
-        raise ExportError(f"{path} is not a Python module: {e.msg} (line {e.lineno})") from None
+    except OSError as e:  # a folder, or a file this process may not read
+        raise ExportError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except (SyntaxError, ValueError) as e:  # ValueError: null bytes in the source
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise ExportError(f"{path} is not a Python module: {getattr(e, 'msg', None) or e}{where}") from None
     if not isinstance(getattr(module, "CONFIGS", None), dict):
         raise ExportError(f"{path} has no CONFIGS dict: it was not written by export --format triton")
     return {key: [config_names.read(c) for c in configs] for key, configs in module.CONFIGS.items()}

@@ -127,14 +127,12 @@ def run_stats(args: StatsArgs) -> int:
 
 
 def split_counts(counts: Sequence[tuple[Any, int, int]]) -> dict[str, dict[str, int]]:
-    """Per split (graphs.classes.ALL_SPLITS order, empty ones left out): problems with real rows, and
-    those rows (a problem only simulated, as `finetune --simulate` leaves them, is not counted)."""
+    """Per split (graphs.classes.ALL_SPLITS order, empty ones left out): problems and real rows, of
+    `Database.problem_counts` (problems with real rows: one only simulated is not counted)."""
     from graphs.classes import ALL_SPLITS, split_of
 
     out = {name: {"problems": 0, "real_ok": 0, "real_failed": 0} for name in ALL_SPLITS}
     for problem, ok, failed in counts:
-        if not ok + failed:
-            continue
         c = out[split_of(problem)]
         c["problems"] += 1
         c["real_ok"] += ok

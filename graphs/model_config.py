@@ -141,7 +141,7 @@ def parse_config(cfg: Any, name: str = "model", where: str = "config") -> ModelS
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: a model config is a JSON object, got {type(cfg).__name__}")
     kind = cfg.get("model_type")
-    if kind is None and "architectures" in cfg:  # older configs name the class instead
+    if kind is None and cfg.get("architectures"):  # older configs name the class instead
         kind = _kind_of_architectures(cfg["architectures"], where)
         cfg = {**cfg, "model_type": kind}
     if kind == "gpt2" or (kind is None and "n_embd" in cfg):
@@ -152,7 +152,7 @@ def parse_config(cfg: Any, name: str = "model", where: str = "config") -> ModelS
     return _llama(cfg, where, name)
 
 
-# class-name prefixes of `architectures` -> model_type, longest first (Qwen2Moe before Qwen2)
+# `architectures` class names (<prefix>ForCausalLM, <prefix>Model, <prefix>LMHeadModel) -> model_type
 ARCHITECTURES = (("Qwen2Moe", "qwen2_moe"), ("Qwen3Moe", "qwen3_moe"), ("Qwen2", "qwen2"), ("Qwen3", "qwen3"),
                  ("Mixtral", "mixtral"), ("Mistral", "mistral"), ("Llama", "llama"), ("GPT2", "gpt2"))
 
@@ -161,9 +161,9 @@ def _kind_of_architectures(names: Any, where: str) -> str:
     """The model_type a config without one means by its `architectures`; refused when none is ours."""
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{where}: field 'architectures' must be a list of class names, got {names!r}")
-    for name in names:
+    for name in names:  # exact class names: Llama4ForConditionalGeneration nests its text fields elsewhere
         for prefix, kind in ARCHITECTURES:
-            if name.startswith(prefix):
+            if name in (f"{prefix}ForCausalLM", f"{prefix}Model", f"{prefix}LMHeadModel"):
                 return kind
     raise ConfigError(f"{where}: architectures {names} are not ones whose GEMMs this reads (Llama, Mistral, "
                       "Mixtral, Qwen2, Qwen3, GPT-2); trace the model instead with --model module:function")

@@ -48,6 +48,7 @@ def _files(tmp: Path) -> types.SimpleNamespace:
     f = types.SimpleNamespace(dir=tmp, good=good, ran=tmp / "code-ran")
     for name, data in (("truncated", good.read_bytes()[:4096]), ("empty", b""), ("random", os.urandom(5000)),
                        ("text", b"hello\n"), ("json", b'{"model_config": {}}\n'),
+                       ("text_bom", "\ufeff\n\thello w\u00f6rld\n".encode() + "\u00e9".encode() * 200),
                        ("code", pickle.dumps(Marker(f.ran), protocol=2)), ("code4", pickle.dumps(Marker(f.ran)))):
         setattr(f, name, tmp / f"{name}.pt")
         getattr(f, name).write_bytes(data)
@@ -123,6 +124,7 @@ TUNE = ["tune", "--m", "16", "--n", "64", "--k", "64"]
 CHECKPOINTS = {  # file attribute -> what the message says about it
     "truncated": "truncated", "empty": "is empty", "random": "not a policy checkpoint",
     "text": "a text file (it begins 'hello'), not one torch.save wrote",
+    "text_bom": "a text file (it begins 'hello w\u00f6rld'), not one torch.save wrote",  # BOM, blank line, tab, a cut character
     "json": "a text file (it begins '{{\"model_config\": {{}}}}'), not one torch.save wrote",  # {{: format
     "code": "nothing in it was run", "code4": "nothing in it was run", "code_zip": "nothing in it was run",
     "keys": "expected the keys model_config and state_dict", "listed": "found list",

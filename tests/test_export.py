@@ -75,11 +75,15 @@ def test_measured_picks_the_fastest_the_kernel_can_run(tmp_path):
     assert read_triton(tmp_path / "configs") == {problem.key: [split, plain, slow]}
 
 
-@pytest.mark.parametrize("text, message", [(None, "no such file"), ("x = (", "not a Python module"),
-                                           ("CONFIGS = 3\n", "has no CONFIGS dict")])
+@pytest.mark.parametrize("text, message", [(None, "no such file"), ("x = (", r"not a Python module: .* \(line 1\)"),
+                                           ("CONFIGS = 3\n", "has no CONFIGS dict"),
+                                           ("x = 1\0\n", "not a Python module: .*null bytes$"),
+                                           ("folder", "cannot be read")])
 def test_reading_back_what_export_did_not_write_names_the_file(tmp_path, text, message):
     path = tmp_path / "other.py"
-    if text is not None:
+    if text == "folder":
+        path.mkdir()
+    elif text is not None:
         path.write_text(text)
     with pytest.raises(ExportError, match=message):
         read_triton(path)

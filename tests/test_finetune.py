@@ -131,7 +131,18 @@ def test_an_interrupted_run_resumes_without_spending_twice(tmp_path, ckpt, monke
     assert again["spent_measurements"] == 12 == _rows(tmp_path)  # finished: nothing more to spend
 
 
-def test_a_time_budget_resumed_keeps_the_seconds_already_spent(tmp_path, ckpt):
+def test_a_stopped_time_budget_run_resumes_with_the_seconds_already_spent(tmp_path, ckpt, monkeypatch):
+    real_adapt = _kill_at_call(monkeypatch, "calibrate", 2, adaptation)  # after round 2's measurements
+    args = _args(tmp_path, ckpt, gpu="h100", simulate=True, budget="30s", rounds=3)
+    with pytest.raises(Interrupted):
+        run(args)
+    state_path = tmp_path / "out" / "h100.simulated.finetune.json"
+    before = json.loads(state_path.read_text())["spent_seconds"]
+    monkeypatch.setattr(adaptation, "calibrate", real_adapt)
+    assert before > 0 and run(args)["spent_seconds"] >= round(before, 1)
+
+
+def test_a_finished_time_budget_run_run_again_keeps_the_seconds_it_spent(tmp_path, ckpt):
     args = _args(tmp_path, ckpt, gpu="h100", simulate=True, budget="30s", rounds=2)
     card = run(args)
     state_path = tmp_path / "out" / "h100.simulated.finetune.json"

@@ -88,12 +88,14 @@ def test_a_model_type_of_another_schema_is_refused_and_qwen2_biases_q_k_v_alone(
     biased = {g.layer: g.problem.bias for g in model_gemms(parse_config({**cfg, "model_type": "qwen2"}), 16)}
     assert biased["self_attn.q_proj"] and biased["self_attn.k_proj"] and biased["self_attn.v_proj"]
     assert not biased["self_attn.o_proj"] and not biased["mlp.down_proj"]
-    unset = {k: v for k, v in cfg.items() if k != "model_type"}  # no model_type: Llama's schema, as before
+    unset = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures")}  # neither: Llama's schema
     assert model_gemms(parse_config(unset), 16) == model_gemms(parse_config(cfg), 16)
     llama = {g.layer: g.problem.bias for g in model_gemms(parse_config({**cfg, "attention_bias": True}), 16)}
     assert llama["self_attn.o_proj"] and llama["self_attn.q_proj"]
     # without model_type, the class names decide: a BERT is refused, a Qwen2 gets its q, k, v biases
-    unset.pop("architectures", None)
+    assert model_gemms(parse_config({**unset, "architectures": None}), 16) == model_gemms(parse_config(cfg), 16)
+    with pytest.raises(ConfigError, match="Llama4ForConditionalGeneration"):
+        parse_config({**unset, "architectures": ["Llama4ForConditionalGeneration"]})
     with pytest.raises(ConfigError, match=r"x.json: architectures \['BertModel'\] are not ones whose GEMMs"):
         parse_config({**unset, "architectures": ["BertModel"]}, where="x.json")
     qwen = {g.layer: g.problem.bias for g in model_gemms(parse_config({**unset, "architectures": ["Qwen2ForCausalLM"]}), 16)}
