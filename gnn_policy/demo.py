@@ -12,7 +12,7 @@ import torch
 from graphs import GemmProblem
 from gnn_policy.kernels.reference import TOLERANCE, reference, relative_error
 from gnn_policy.measure.inputs import TORCH_DTYPES, make_inputs
-from gnn_policy.ops import chosen_config, gpu_for, matmul
+from gnn_policy.ops import chosen_config, gpu_for, matmul_and_config
 from gnn_policy.space import TileConfig
 
 CPU_CASES = [
@@ -43,15 +43,17 @@ def demo(seed: int = 0) -> int:
     for i, (problem, config) in enumerate(cases):
         args = make_inputs(problem, device, seed=seed + i)
         start = time.perf_counter()
-        out = matmul(**args, config=config)
+        out, ran = matmul_and_config(**args, config=config)
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         err = relative_error(out, reference(**args))
         tol = TOLERANCE[TORCH_DTYPES[problem.dtype]]
-        shown, source = (config, "") if config else chosen_config(problem, gpu)
+        source = "" if config else chosen_config(problem, gpu)[1]
+        if source and ran != chosen_config(problem, gpu)[0]:
+            source += ", pointer loads: TMA refused these tensors"
         ok = err <= tol
         failed += not ok
-        label = shown.key + (f" ({source})" if source else "")
+        label = ran.key + (f" ({source})" if source else "")
         print(f"{problem.key:<34} {label:<44} {err:9.2e} {tol:7.0e} {seconds:6.2f}  {'ok' if ok else 'WRONG'}")
     return 1 if failed else 0

@@ -227,6 +227,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     missing checkpoint, takes `default_config`. $GNN_POLICY_CHECKPOINT names another
     checkpoint, for example one that `gnn-policy finetune` adapted.
     """
+    return matmul_and_config(a, b, bias=bias, activation=activation, residual=residual, config=config)[0]
+
+
+def matmul_and_config(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
+                      activation: str | None = None, residual: torch.Tensor | None = None,
+                      config: TileConfig | None = None) -> tuple[torch.Tensor, TileConfig | None]:
+    """`matmul`, and the config that ran: the pick, or its pointer-load fallback where these
+    tensors' alignment refuses TMA (which `chosen_config` cannot know); None for an empty batch."""
     if config is not None and not isinstance(config, TileConfig):
         raise TypeError(f"matmul: config must be a gnn_policy.TileConfig, got {type(config).__name__}")
     m, n, k, out_shape = _check_operands(a, b)
@@ -234,7 +242,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     _check_devices(a=a, b=b, bias=bias, residual=residual)
     _check_no_grad(a=a, b=b, bias=bias, residual=residual)
     if len(out_shape) == 3 and out_shape[0] == 0:
-        return torch.empty(out_shape, dtype=a.dtype, device=a.device)
+        return torch.empty(out_shape, dtype=a.dtype, device=a.device), None
     gpu = gpu_for(a.device)
     dtype = DTYPE_NAMES[a.dtype]
     if bias is not None and bias.stride(0) != 1:
@@ -245,14 +253,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
                               bias=bias is not None, activation=activation, residual=residual is not None)
         chosen, _ = chosen_config(problem, gpu)
         try:
-            return launch(a, b, chosen, bias=bias, activation=activation, residual=residual)
+            return launch(a, b, chosen, bias=bias, activation=activation, residual=residual), chosen
         except LayoutError:  # a chosen config may fall back (pointer alignment); an explicit one never does
             chosen = dataclasses.replace(chosen, variant="ptr")
-            return launch(a, b, chosen, bias=bias, activation=activation, residual=residual)
+            return launch(a, b, chosen, bias=bias, activation=activation, residual=residual), chosen
     found = violations(config, gpu, dtype, k)
     if found:
         raise InvalidConfigError(config, gpu.name, found)
     try:
-        return launch(a, b, config, bias=bias, activation=activation, residual=residual)
+        return launch(a, b, config, bias=bias, activation=activation, residual=residual), config
     except LayoutError as exc:
         raise InvalidConfigError(config, gpu.name, [exc.violation]) from None

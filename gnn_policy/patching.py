@@ -7,7 +7,7 @@
 
 Every `nn.Linear` becomes a `TritonLinear` that shares its parameters and runs
 `gnn_policy.matmul` at the policy's first pick for each input shape (chosen once per shape and
-cached, see `gnn_policy.ops.policy_config`). Where torch.fx can trace the model, the patterns
+cached, see `gnn_policy.ops.policy_config`; a call like one before goes straight to the launch). Where torch.fx can trace the model, the patterns
 `graphs.capture` folds are fused too: a Linear whose only user is an activation the template
 computes (relu, exact gelu, silu) and/or a residual add runs as one kernel. The result is
 then a `torch.fx.GraphModule` and the model itself is left untouched; a model fx cannot trace
@@ -32,7 +32,10 @@ import torch.nn.functional as F
 
 from graphs.capture import epilogue_chain
 from gnn_policy import ops
+from gnn_policy.kernels.launch import launch
+from gnn_policy.space import TileConfig
 
+MAX_PLANS = 256  # configs a layer keeps, one per distinct call (input shape, strides, alignment)
 _ACT = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 _WARNED: set[str] = set()
 
@@ -41,6 +44,10 @@ def _warn_once(kind: str, message: str) -> None:
     if kind not in _WARNED:
         _WARNED.add(kind)
         warnings.warn(f"gnn_policy.patch: {message}; torch runs these layers instead", stacklevel=3)
+
+
+def _signature(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
 
 
 def _unsupported(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str] | None:
@@ -73,6 +80,7 @@ class TritonLinear(nn.Linear):
         self.activation, self.residual = activation, residual
         # kept out of _modules, so the state_dict holds the parameters once: unpatch puts it back
         object.__setattr__(self, "original", linear)
+        self._plans: dict[tuple, TileConfig] = {}
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation}, residual={self.residual}"
@@ -93,8 +101,22 @@ class TritonLinear(nn.Linear):
         fused = residual is not None and residual.dtype == x.dtype and \
             torch.broadcast_shapes(residual.shape, out_shape) == out_shape
         r2 = residual.expand(out_shape).reshape(-1, self.out_features) if fused else None
-        y = ops.matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias,
-                       activation=self.activation, residual=r2).view(out_shape)
+        x2, bias = x.reshape(-1, self.in_features), self.bias
+        if bias is not None and bias.stride(0) != 1:
+            bias = bias.contiguous()
+        # a call like one that ran before (shapes, strides, dtypes, devices, 16-byte alignment)
+        # passes the same checks and gets the same config: skip straight to the launch, whose
+        # host time is what an eager model (no CUDA graph) pays on every layer
+        key = (_signature(x2), _signature(self.weight), _signature(bias), _signature(r2))
+        config = self._plans.get(key)
+        if config is None:
+            y, config = ops.matmul_and_config(x2, self.weight.t(), bias=bias, activation=self.activation, residual=r2)
+            if len(self._plans) >= MAX_PLANS:  # many distinct token counts: start over rather than grow
+                self._plans.clear()
+            self._plans[key] = config
+        else:
+            y = launch(x2, self.weight.t(), config, bias=bias, activation=self.activation, residual=r2)
+        y = y.view(out_shape)
         return y + residual if residual is not None and not fused else y
 
 

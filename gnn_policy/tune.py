@@ -23,8 +23,9 @@ class TuneArgs:
                            check=one_of("", "none", *filter(None, EPILOGUE_ACTIVATIONS)))
     residual: bool = flag(False, "a residual add is fused")
     a_layout: str = flag("row", "A's layout: row (K contiguous) or col (M contiguous)", check=one_of(*LAYOUTS))
-    b_layout: str = flag("row", "B's layout: row (N contiguous) or col (K contiguous: an nn.Linear weight W as W.T)",
-                         check=one_of(*LAYOUTS))
+    # empty: row, or col under --linear (an explicit row there is a contradiction, not a default)
+    b_layout: str = flag("", "B's layout: row (N contiguous; the default) or col (K contiguous: an nn.Linear weight "
+                             "W as W.T)", check=one_of("", *LAYOUTS))
     linear: bool = flag(False, "x @ W.T with an nn.Linear weight W [N, K]: A row-major, B column-major")
     gpu: str = flag("", "GPU spec name (default: the local device, or the H200 without one)")
     top_k: int = flag(8, "configs to print", check=at_least(1))
@@ -50,7 +51,7 @@ def run(args: TuneArgs) -> dict:
             raise TuneError("--model tunes the model's own GEMMs: leave --m, --n and --k out")
         one_gemm = [f"--{name.replace('_', '-')}" for name, on in (
             ("batch", args.batch != 1), ("bias", args.bias), ("activation", args.activation not in ("", "none")),
-            ("residual", args.residual), ("a_layout", args.a_layout != "row"), ("b_layout", args.b_layout != "row"),
+            ("residual", args.residual), ("a_layout", args.a_layout != "row"), ("b_layout", bool(args.b_layout)),
             ("linear", args.linear)) if on]
         if one_gemm:  # the model's layers decide these; silently ignoring them would mislead
             raise TuneError(f"--model takes each GEMM's shape, layouts and epilogue from the model: leave "
@@ -106,10 +107,11 @@ def significant(value: float, digits: int = 4) -> float:
 def layouts(args: TuneArgs) -> dict[str, str]:
     """The operand layouts the flags name; --linear is A row-major and B column-major."""
     if not args.linear:
-        return {"a_layout": args.a_layout, "b_layout": args.b_layout}
-    if (args.a_layout, args.b_layout) not in (("row", "row"), ("row", "col")):
-        raise ValueError(f"--linear means A row-major and B column-major; it contradicts "
-                         f"--a-layout {args.a_layout} --b-layout {args.b_layout}")
+        return {"a_layout": args.a_layout, "b_layout": args.b_layout or "row"}
+    if args.a_layout != "row" or args.b_layout not in ("", "col"):
+        given = " ".join(f"--{name}-layout {v}" for name, v, fits in (
+            ("a", args.a_layout, "row"), ("b", args.b_layout, "col")) if v and v != fits)
+        raise ValueError(f"--linear means A row-major and B column-major; it contradicts {given}")
     return {"a_layout": "row", "b_layout": "col"}
 
 

@@ -48,8 +48,14 @@ def test_tune_takes_layouts_and_the_linear_shorthand():
     assert layouts(args) == {"a_layout": "row", "b_layout": "col"}
     _, args = parse(["tune", "--m", "16", "--n", "64", "--k", "64", "--a-layout", "col", "--b-layout", "col"])
     assert layouts(args) == {"a_layout": "col", "b_layout": "col"}
+    _, args = parse(["tune", "--m", "16", "--n", "64", "--k", "64"])
+    assert layouts(args) == {"a_layout": "row", "b_layout": "row"}
     _, args = parse(["tune", "--m", "16", "--n", "64", "--k", "64", "--linear", "--a-layout", "col"])
-    with pytest.raises(ValueError, match="contradicts"):
+    with pytest.raises(ValueError, match="contradicts --a-layout col$"):
+        layouts(args)
+    # row is B's default, but said next to --linear it contradicts it rather than being ignored
+    _, args = parse(["tune", "--m", "16", "--n", "64", "--k", "64", "--linear", "--b-layout", "row"])
+    with pytest.raises(ValueError, match="contradicts --b-layout row$"):
         layouts(args)
 
 

@@ -65,6 +65,35 @@ def test_fp16_runs_the_policys_pick_cached_per_shape():
     assert ops.policy_config.cache_info().currsize == 2  # one pick per shape, reused by the second call
 
 
+def test_a_repeated_call_skips_matmuls_checks_and_a_new_layout_is_checked_again(monkeypatch):
+    torch.manual_seed(0)
+    layer = TritonLinear(nn.Linear(32, 48).half())
+    x = torch.randn(6, 32, dtype=torch.float16)
+    col = x.t().contiguous().t()  # the same values, column-major
+    seen = []
+    checked = ops.matmul_and_config
+    monkeypatch.setattr(ops, "matmul_and_config", lambda *a, **kw: seen.append(a[0].stride()) or checked(*a, **kw))
+    with torch.inference_mode():
+        first, again, by_col = layer(x), layer(x), layer(col)
+        layer(col)
+    want = nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
+    assert torch.equal(first, again)
+    assert relative_error(again, want) < TOLERANCE[torch.float16]
+    assert relative_error(by_col, want) < TOLERANCE[torch.float16]
+    assert seen == [(32, 1), (1, 6)]  # each layout checked once; the repeats went straight to the launch
+    assert len(layer._plans) == 2
+
+
+def test_the_plans_of_a_layer_start_over_past_their_bound(monkeypatch):
+    monkeypatch.setattr(patching, "MAX_PLANS", 3)
+    layer = TritonLinear(nn.Linear(16, 8).half())
+    with torch.inference_mode():
+        for rows in range(1, 6):
+            out = layer(torch.randn(rows, 16, dtype=torch.float16))
+            assert out.shape == (rows, 8)
+    assert len(layer._plans) == 2  # cleared at the fourth distinct shape, then two more
+
+
 def test_autograd_falls_back_to_torch_with_one_warning():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
