@@ -33,12 +33,12 @@ def _specialisation(problem, config):
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
-    from gnn_policy.kernels.launch import LayoutError, _prepare
+    from gnn_policy.kernels.launch import LayoutError, prepare
     from gnn_policy.measure.inputs import make_inputs
 
     args = make_inputs(problem, "cpu", fill=False)
     try:
-        kernel, _, _, kargs, meta = _prepare(args["a"], args["b"], config, args["bias"], args["activation"],
+        kernel, _, _, kargs, meta = prepare(args["a"], args["b"], config, args["bias"], args["activation"],
                                              args["residual"], None, compile_only=True)
     except LayoutError as exc:
         return "invalid", str(exc.violation.rule)

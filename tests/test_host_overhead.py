@@ -8,5 +8,5 @@ def test_it_times_matmuls_python_and_each_variants_prepare(capsys):
     main(["--shape", "8x64x64", "--calls", "3", "--repeats", "1"])
     out = capsys.readouterr().out
     rows = dict(re.findall(r"^  (.+?)\s+([\d.]+) us$", out, re.M))
-    assert set(rows) == {"matmul (launch stood in)", "_prepare ptr", "_prepare tma", "_prepare persistent"}
+    assert set(rows) == {"matmul (launch stood in)", "prepare ptr", "prepare tma", "prepare persistent"}
     assert all(float(v) > 0 for v in rows.values())

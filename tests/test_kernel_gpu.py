@@ -206,3 +206,55 @@ def test_warpspec_trial_with_the_sm90_rule_lifted(monkeypatch):
     report = os.environ.get("GNN_POLICY_GPU_REPORT")
     _check_cases(_random_cases(TRIAL_CASES, hardware_specs.detect(), "warpspec", seed=96),
                  report and report.replace(".json", "_warpspec.json"), timeout_s=min(CASE_TIMEOUT, 10.0), max_hung=2)
+
+
+def test_launch_plans_match_launch_bit_for_bit():
+    """A plan (kernels/plan.py) launches the compiled kernel directly with a call's tensors in
+    the first call's arguments: for new inputs of the same signature, on the default stream and
+    on another, its result is launch's, bit for bit (split-K reduces in a fixed order)."""
+    from gnn_policy.kernels.launch import LayoutError, launch
+    from gnn_policy.kernels.plan import make_plan
+
+    gpu = hardware_specs.detect()
+    side = torch.cuda.Stream()
+    ran = 0
+    for problem, config in _random_cases(120, gpu, seed=4321):
+        if config.variant not in ("ptr", "tma") or violations(config, gpu, problem.dtype, problem.k):
+            continue
+        first = make_inputs(problem, "cuda", seed=1)
+        act = first.pop("activation")
+        try:
+            c, plan = make_plan(**first, config=config, activation=act)
+        except LayoutError:  # TMA on strides it cannot describe: launch refuses it alike
+            continue
+        assert plan is not None and plan.compiled is not None, config.key
+        assert relative_error(c, reference(**first, activation=act)) <= TOLERANCE[c.dtype], config.key
+        call = make_inputs(problem, "cuda", seed=2)
+        call.pop("activation")
+        want = launch(**call, config=config, activation=act)
+        assert torch.equal(plan.run(call["a"], call["b"], call["bias"], call["residual"]), want), config.key
+        with torch.cuda.stream(side):
+            got = plan.run(call["a"], call["b"], call["bias"], call["residual"])
+        side.synchronize()
+        assert torch.equal(got, want), config.key
+        ran += 1
+    assert ran >= 30
+
+
+def test_a_patched_layer_runs_its_plan_from_the_third_call():
+    from gnn_policy.kernels.plan import LaunchPlan
+    from gnn_policy.patching import TritonLinear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    layer = TritonLinear(linear)
+    with torch.inference_mode():
+        for tokens in (1, 16, 300):
+            x = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16)
+            outs = [layer(x) for _ in range(3)]
+            want = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+            assert relative_error(outs[0], want) <= TOLERANCE[torch.bfloat16]
+            assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    kinds = [type(plan) for _, plan in layer._plans.values()]
+    # a persistent pick has no plan (False); every other shape runs one
+    assert all(k is LaunchPlan or k is bool for k in kinds) and LaunchPlan in kinds

@@ -48,14 +48,14 @@ def compile_sm90(job: tuple) -> CompileResult:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from gnn_policy.kernels.launch import LayoutError, _prepare
+    from gnn_policy.kernels.launch import LayoutError, prepare
     from gnn_policy.measure.inputs import make_inputs
 
     problem, config, _ = job
     start = time.perf_counter()
     try:
         args = make_inputs(problem, "cpu", fill=False)
-        kernel, _, _, kargs, meta = _prepare(args["a"], args["b"], config, args["bias"], args["activation"],
+        kernel, _, _, kargs, meta = prepare(args["a"], args["b"], config, args["bias"], args["activation"],
                                              args["residual"], None, compile_only=True)
         target = GPUTarget(*TARGET)
         backend = make_backend(target)

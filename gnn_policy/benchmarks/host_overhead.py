@@ -7,11 +7,12 @@ launches on a GPU.
 Two figures per call, in microseconds (median of --repeats batches of --calls calls):
 - `matmul`: the Python of `ops.matmul` before `launch` (operand checks, the problem, the cached
   policy pick), with `launch` stood in by an empty output;
-- `_prepare <variant>`: `kernels.launch._prepare` alone (output, descriptors, grid, arguments)
+- `prepare <variant>`: `kernels.launch.prepare` alone (output, descriptors, grid, arguments)
   for a pointer, a TMA and a persistent config.
 On a CUDA GPU it adds whole calls: `F.linear` (torch's eager, the reference), a patched
-`TritonLinear`, `ops.matmul` with a given config per variant, and Triton's launcher alone
-(`kernel[grid](...)` on arguments prepared once). A GPU row is the host time to enqueue a call:
+`TritonLinear`, `ops.matmul` with a given config per variant, Triton's launcher alone
+(`kernel[grid](...)` on arguments prepared once) and a launch plan's call (`kernels/plan.py`,
+not for the persistent variant). A GPU row is the host time to enqueue a call:
 batches of --calls calls (fewer than the launch queue holds, so enqueueing never waits on the
 GPU) are timed up to the last launch and synchronised only after. `--profile FILE` writes
 cProfile's top functions of the patched layer's calls there. fp16 on a CPU (the interpreter
@@ -54,6 +55,7 @@ def per_call_us(fn, calls: int, repeats: int) -> float:
 
 def gpu_rows(a: torch.Tensor, b: torch.Tensor, calls: int, repeats: int, profile: Path | None) -> list:
     """Whole calls on the GPU: torch's eager Linear, the patched layer, matmul and the launcher."""
+    from gnn_policy.kernels.plan import make_plan
     from gnn_policy.patching import TritonLinear
 
     linear = torch.nn.Linear(b.shape[0], b.shape[1], bias=False, device=a.device, dtype=a.dtype)
@@ -67,10 +69,13 @@ def gpu_rows(a: torch.Tensor, b: torch.Tensor, calls: int, repeats: int, profile
         except ops.InvalidConfigError as exc:  # a GPU whose rules refuse it: say so, time the rest
             print(f"  {variant}: {exc}")
             continue
-        kernel, _, g, args, meta = launch._prepare(a, b, config, None, None, None, None)
+        kernel, _, g, args, meta = launch.prepare(a, b, config, None, None, None, None)
         if kernel is not launch.matmul_kernel:  # a persistent grid is set in `_run`
             args, g = launch._programs(kernel, args, meta, config, a.device, None)
         rows.append((f"launcher alone {variant}", per_call_us(lambda: kernel[g](*args, **meta), calls, repeats)))
+        _, plan = make_plan(a, b, config, bias=None, activation=None, residual=None)
+        if plan is not None:
+            rows.append((f"plan.run {variant}", per_call_us(lambda p=plan: p.run(a, b, None, None), calls, repeats)))
     if profile is not None:
         prof = cProfile.Profile()
         prof.runcall(lambda: [patched(a) for _ in range(calls)])
@@ -98,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(("matmul (launch stood in)", per_call_us(lambda: ops.matmul(a, b), ns.calls, ns.repeats)))
     for variant in ("ptr", "tma", "persistent"):
         config = TileConfig(64, 128, 64, 1, 8, 4, 3, variant)
-        rows.append((f"_prepare {variant}", per_call_us(
-            lambda c=config: launch._prepare(a, b, c, None, None, None, None), ns.calls, ns.repeats)))
+        rows.append((f"prepare {variant}", per_call_us(
+            lambda c=config: launch.prepare(a, b, c, None, None, None, None), ns.calls, ns.repeats)))
     if device == "cuda":
         with torch.no_grad():
             rows += gpu_rows(a, b, ns.calls, ns.repeats, ns.profile)

@@ -127,7 +127,7 @@ def max_offset(t: torch.Tensor) -> int:
     return sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
 
 
-def _dot_precision(a: torch.Tensor) -> str:
+def dot_precision(a: torch.Tensor) -> str:
     """fp32 follows torch's matmul setting; fp16 / bf16 ignore it."""
     if a.dtype != torch.float32 or a.device.type == "cpu":
         return "tf32"
@@ -174,7 +174,7 @@ def _tma_args(config: TileConfig, pa: Operand, pb: Operand, k: int, batch: int) 
                 MASK_B_K=tail and not b_kmaj and b_rows > 0)
 
 
-def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
+def prepare(a, b, config, bias, activation, residual, out, compile_only=False):
     """Kernel, output, grid, arguments and meta-parameters for one call.
 
     `compile_only` stands one-element buffers in for the split-K workspace and counters: the
@@ -209,7 +209,7 @@ def _prepare(a, b, config, bias, activation, residual, out, compile_only=False):
                 SPLIT_K=config.split_k, GROUP_M=config.group_m, ACTIVATION=ACTIVATIONS[activation],
                 HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                 TMA_STORE=0 if c_desc is None else 2 if config.variant == "subtile" else 1,
-                DOT_PRECISION=_dot_precision(a),
+                DOT_PRECISION=dot_precision(a),
                 num_warps=config.num_warps, num_stages=config.num_stages)
     maps = (t.pop("a_map"), t.pop("b_map"))
     device_maps = config.variant == "warpspec"
@@ -288,16 +288,17 @@ def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.
     `out` (contiguous, C's shape) is written in place. `programs` sets a persistent variant's
     grid (default: what the GPU, or the SM slice of the current stream, holds at once).
     """
-    kernel, c, g, args, meta = _prepare(a, b, config, bias, activation, residual, out)
+    kernel, c, g, args, meta = prepare(a, b, config, bias, activation, residual, out)
     if a.device.type == "cuda" and a.device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(a.device):  # Triton launches on the current device
-            _run(kernel, g, args, meta, config, a.device, programs)
+            run_prepared(kernel, g, args, meta, config, a.device, programs)
     else:
-        _run(kernel, g, args, meta, config, a.device, programs)
+        run_prepared(kernel, g, args, meta, config, a.device, programs)
     return c
 
 
-def _run(kernel, g, args, meta, config, device, programs):
+def run_prepared(kernel, g, args, meta, config, device, programs) -> None:
+    """Launch what `prepare` returned; a persistent variant's grid (and stream-K's split) is set here."""
     if meta.get("DEVICE_DESC") and device.type == "cuda":
         ensure_allocator()
     if kernel is persistent_kernel:
@@ -326,6 +327,6 @@ def _streamk_programs(kernel: Any, args: tuple, meta: dict, config: TileConfig, 
 def compile_kernel(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.Tensor | None,
                    activation: str | None, residual: torch.Tensor | None) -> Any:
     """Compile (without running) the kernel these arguments need; returns Triton's CompiledKernel."""
-    kernel, _, g, args, meta = _prepare(a, b, config, bias, activation, residual, None, compile_only=True)
+    kernel, _, g, args, meta = prepare(a, b, config, bias, activation, residual, None, compile_only=True)
     with torch.cuda.device(a.device):
         return kernel.warmup(*args, grid=g, **meta)
