@@ -5,7 +5,8 @@
 # written to $OUT/results.tgz (a call returns at most 8 files): BUDGET seconds in all, 20 kept for
 # the tar. Stages: gputests (`pytest -m gpu` but the warpspec trial), ceiling200 (issue 18's ceiling, on an H200 only), ncu (streamk against tma on
 # 1000^3 and 256x4544x4544), picks (the default's top 8 on the H100's random-test, an H100 only),
-# e2e and adapter (issue 21's benchmarks), host (host time of a call, launcher alone, and a profile), wsprobe (warp specialisation with device-side tensor maps),
+# e2e and adapter (issue 21's benchmarks), e2eplan (eager and patch alone, afresh), plantests (the launch
+# plans' GPU tests), host (host time of a call, launcher alone, a plan's call, and a profile), wsprobe (warp specialisation with device-side tensor maps),
 # wstrial (the warpspec variant's GPU correctness trial with its hang rule lifted; it stops after
 # two hangs), wsceiling (its ceiling on the first 15 shapes, only after a trial without a hung or
 # failed case, in this call or the one before on the same warm machine), collect
@@ -57,6 +58,14 @@ for stage in "$@"; do
       mkdir -p $R/e2e; case "$GPU" in *H200*) D=H200-SXM-141GB;; *H100*) D=H100-SXM5-80GB;; *) D=none;; esac
       cp docs/data/model_e2e/$D/model_e2e.jsonl $R/e2e/ 2>/dev/null
       timeout $L python3 -m gnn_policy.benchmarks.model_e2e --out $R/e2e --time-limit $(mins $((L-120))) > $R/e2e.log 2>&1 ;;
+    plantests)
+      timeout $(( L < 200 ? L : 200 )) python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_kernel_gpu.py \
+        -k "plan or patched_layer" > $R/plantests.log 2>&1 ;;
+    e2eplan)
+      # eager and patch alone, from scratch: what launch plans change is patch's time without graphs
+      mkdir -p $R/e2eplan
+      timeout $L python3 -m gnn_policy.benchmarks.model_e2e --out $R/e2eplan --modes eager,patch \
+        --time-limit $(mins $((L-60))) > $R/e2eplan.log 2>&1 ;;
     host)
       timeout $(( L < 120 ? L : 120 )) python3 -m gnn_policy.benchmarks.host_overhead --profile $R/host_prof.txt > $R/host.log 2>&1 ;;
     adapter)
