@@ -14,7 +14,7 @@ from gnn_policy.args import add_fields, build, flag
 from gnn_policy.checkpoint import CheckpointError
 from gnn_policy.collect import CollectArgs
 from gnn_policy.confirm import ConfirmArgs
-from gnn_policy.export import ExportArgs, ExportError as PicksExportError
+from gnn_policy.export import ExportArgs, ExportError
 from gnn_policy.sweep import SweepArgs
 from gnn_policy.database import DatabaseError
 from gnn_policy.interrupts import EXIT_INTERRUPTED, Interrupted, terminate_as_interrupt
@@ -23,7 +23,7 @@ from gnn_policy.limits import ProblemTooLarge
 from gnn_policy.measure.replay import ReplayError
 from gnn_policy.measure.workers import WorkerError
 from gnn_policy.model_tune import ModelSpecError
-from gnn_policy.snapshot import ExportError
+from gnn_policy.snapshot import ShardWriteError
 from gnn_policy.tune import TuneArgs, TuneError
 from training.bench import BenchArgs
 from training.finetune import FinetuneArgs, FinetuneError
@@ -35,8 +35,8 @@ from training.transfer import TransferArgs, TransferError
 # What a user can get wrong or run into (a bad file, a full disk, a GPU that is not here): the
 # message names the culprit, so it is printed alone, without a traceback.
 USER_ERRORS = (hardware_specs.SpecError, DatabaseError, FileNotFoundError, FinetuneError, TransferError,
-               CheckpointError, ProblemTooLarge, ReplayError, WorkerError, ExportError, ConfigError, ModelSpecError,
-               TuneError, PicksExportError)
+               CheckpointError, ProblemTooLarge, ReplayError, WorkerError, ShardWriteError, ConfigError, ModelSpecError,
+               TuneError, ExportError)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ SHIPPED = Path(os.environ.get("GNN_POLICY_SHARDS", Path(__file__).resolve().pare
 PENDING = "export:pending"  # meta: row-id spans that runs with a shard folder stored but did not export
 
 
-class ExportError(RuntimeError):
+class ShardWriteError(RuntimeError):
     """A shard could not be written; its rows stay in the database, pending for the next export."""
 
 
@@ -112,7 +112,7 @@ class RunExport:
             written = _write(path, rows)
         except OSError as exc:
             self.db.set_meta(PENDING, json.dumps(spans))
-            raise ExportError(f"could not write the shard {path} ({exc.strerror or exc}); its {len(rows)} rows "
+            raise ShardWriteError(f"could not write the shard {path} ({exc.strerror or exc}); its {len(rows)} rows "
                               f"stay in {self.db.path}, and the next run with --shard-dir exports them") from None
         self.db.set_meta(PENDING, "[]")
         return written
