@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 
 import warnings
 from pathlib import Path
@@ -171,6 +172,16 @@ def default_config(m: int, n: int, k: int, dtype: str, gpu: hardware_specs.GpuSp
 POLICY_DTYPES = ("fp16", "bf16")  # the dtypes the suite, and so the policy, is trained on
 
 
+def _outside_level() -> int:
+    """The `stacklevel` that names the first line outside this package (the caller's, however
+    many of the package's functions lie between: matmul, matmul_and_config, a patched layer)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 @functools.lru_cache(maxsize=1)
 def _policy():
     """The policy of $GNN_POLICY_CHECKPOINT or the shipped checkpoint; None (warned once) if absent.
@@ -184,8 +195,7 @@ def _policy():
     try:
         return Policy.load(path)
     except FileNotFoundError as exc:
-        # stacklevel 4: the warning names the line that called matmul
-        warnings.warn(f"gnn_policy.matmul: {exc}; using the default configs", stacklevel=4)
+        warnings.warn(f"gnn_policy.matmul: {exc}; using the default configs", stacklevel=_outside_level())
         return None
 
 

@@ -8,7 +8,8 @@
 Every `nn.Linear` becomes a `TritonLinear` that shares its parameters and runs
 `gnn_policy.matmul` at the policy's first pick for each input shape (chosen once per shape and
 cached, see `gnn_policy.ops.policy_config`; a call like one before goes straight to a
-prepared launch, `gnn_policy.kernels.plan`). Where torch.fx can trace the model, the patterns
+prepared launch, `gnn_policy.kernels.plan`). A layer keeps its config per input signature
+for its life: after switching the checkpoint or $GNN_POLICY_GPU, patch the model again. Where torch.fx can trace the model, the patterns
 `graphs.capture` folds are fused too: a Linear whose only user is an activation the template
 computes (relu, exact gelu, silu) and/or a residual add runs as one kernel. The result is
 then a `torch.fx.GraphModule` and the model itself is left untouched; a model fx cannot trace
@@ -38,6 +39,7 @@ from gnn_policy.kernels.plan import LaunchPlan, make_plan
 from gnn_policy.space import TileConfig
 
 MAX_PLANS = 256  # configs a layer keeps, one per distinct call (input shape, strides, alignment)
+NO_PLAN = "no plan"  # a signature whose launch has no plan (a persistent variant, the interpreter)
 _ACT = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 _WARNED: set[str] = set()
 
@@ -52,9 +54,11 @@ def _signature(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
 
 
-def _unsupported(x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str] | None:
-    """(kind, why) when the template cannot serve this call; None when it can."""
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+def _unsupported(x: torch.Tensor, weight: torch.Tensor, *extra: torch.Tensor | None) -> tuple[str, str] | None:
+    """(kind, why) when the template cannot serve this call; None when it can. `extra`: the
+    bias and residual, whose gradients the template would lose as well."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
+                                    any(t is not None and t.requires_grad for t in extra)):
         return "autograd", "the template has no backward pass (call under torch.no_grad() or torch.inference_mode())"
     if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
         return "autocast", "autocast is on, and its casts belong to torch's ops"
@@ -82,14 +86,22 @@ class TritonLinear(nn.Linear):
         self.activation, self.residual = activation, residual
         # kept out of _modules, so the state_dict holds the parameters once: unpatch puts it back
         object.__setattr__(self, "original", linear)
-        # per call signature: the config, then (from the second call) its launch plan, or False
-        self._plans: dict[tuple, tuple[TileConfig | None, LaunchPlan | bool | None]] = {}
+        # per call signature: the config, then (from the second call) its launch plan, or NO_PLAN
+        self._plans: dict[tuple, tuple[TileConfig, LaunchPlan | str | None]] = {}
+
+    def __getstate__(self) -> dict:
+        # a plan holds Triton's compiled kernel, which neither pickles nor deep-copies: a copy
+        # (torch.save, copy.deepcopy) starts without plans and builds its own
+        return {**self.__dict__, "_plans": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__({"_plans": {}, **state})
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation}, residual={self.residual}"
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        why = _unsupported(input, self.weight)
+        why = _unsupported(input, self.weight, self.bias, residual)
         if why is None:
             try:
                 return self._triton(input, residual)
@@ -120,8 +132,8 @@ class TritonLinear(nn.Linear):
             self._plans[key] = (config, None)
         elif known[1] is None:  # the second call: run it once more to build the plan
             y, plan = make_plan(x2, wt, known[0], bias=bias, activation=self.activation, residual=r2)
-            self._plans[key] = (known[0], plan if plan is not None and plan.compiled is not None else False)
-        elif known[1] is False:  # a persistent variant, or the interpreter: no plan
+            self._plans[key] = (known[0], plan if plan is not None and plan.compiled is not None else NO_PLAN)
+        elif known[1] is NO_PLAN:  # a persistent variant, or the interpreter
             y = launch(x2, wt, known[0], bias=bias, activation=self.activation, residual=r2)
         else:
             y = known[1].run(x2, wt, bias, r2)

@@ -39,7 +39,7 @@ def _specialisation(problem, config):
     args = make_inputs(problem, "cpu", fill=False)
     try:
         kernel, _, _, kargs, meta = prepare(args["a"], args["b"], config, args["bias"], args["activation"],
-                                             args["residual"], None, compile_only=True)
+                                            args["residual"], None, compile_only=True)
     except LayoutError as exc:
         return "invalid", str(exc.violation.rule)
     if not hasattr(kernel, "signature"):  # under TRITON_INTERPRET=1: the JIT function it wraps

@@ -39,7 +39,8 @@ def test_fp32_and_a_missing_checkpoint_take_the_default(fresh_caches, monkeypatc
     assert ops.policy_config(GemmProblem(8, 16, 32, dtype="fp32"), gpu) is None
     monkeypatch.setenv("GNN_POLICY_CHECKPOINT", "/nonexistent/policy.pt")
     a, b = torch.randn(8, 32, dtype=torch.float16), torch.randn(32, 16, dtype=torch.float16)
-    with pytest.warns(UserWarning, match=r"no policy checkpoint at /nonexistent/policy.pt.*using the default configs"):
+    with pytest.warns(UserWarning, match=r"no policy checkpoint at /nonexistent/policy.pt.*using the default configs") as seen:
         out = ops.matmul(a, b)
+    assert seen[0].filename == __file__  # the warning names the caller's line, not the package's
     assert ops.policy_config(GemmProblem(8, 16, 32, dtype="fp16"), gpu) is None
     assert relative_error(out, reference(a, b)) < 1e-2

@@ -149,3 +149,44 @@ def test_bf16_and_autocast_on_the_cpu_fall_back_to_torch_with_a_warning():
             got = patched(x)
             want = model(x)
     assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+def test_a_trainable_bias_or_residual_falls_back_even_after_a_no_grad_call():
+    """A frozen weight with a trainable bias (or a LoRA-style residual) needs torch's autograd,
+    also for a call signature the layer has already run under no_grad."""
+    layer = TritonLinear(nn.Linear(16, 8).half())
+    layer.weight.requires_grad_(False)
+    x = torch.randn(4, 16, dtype=torch.float16)
+    with torch.no_grad():
+        layer(x)
+        layer(x)
+    with pytest.warns(UserWarning, match="no backward pass"):
+        y = layer(x)
+    y.float().sum().backward()
+    assert layer.bias.grad is not None and layer.bias.grad.shape == (8,)
+    fused = TritonLinear(nn.Linear(16, 8).half(), residual=True).requires_grad_(False)
+    r = torch.randn(4, 8, dtype=torch.float16, requires_grad=True)
+    fused(x, r).float().sum().backward()
+    assert r.grad is not None and torch.equal(r.grad, torch.ones_like(r))
+
+
+def test_a_patched_layer_copies_and_pickles_without_its_plans():
+    import copy
+    import io
+    import threading
+
+    layer = TritonLinear(nn.Linear(16, 8).half())
+    with torch.no_grad():
+        want = layer(torch.ones(2, 16, dtype=torch.float16))
+    # a lock neither pickles nor deep-copies, like the compiled kernel a plan holds
+    layer._plans[("a", "signature")] = (None, threading.Lock())
+    twin = copy.deepcopy(layer)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for other in (twin, loaded):
+        assert other._plans == {} and torch.equal(other.weight, layer.weight)
+        with torch.no_grad():
+            assert torch.equal(other(torch.ones(2, 16, dtype=torch.float16)), want)
+    assert ("a", "signature") in layer._plans  # the original keeps its own

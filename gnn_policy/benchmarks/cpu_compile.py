@@ -56,7 +56,7 @@ def compile_sm90(job: tuple) -> CompileResult:
     try:
         args = make_inputs(problem, "cpu", fill=False)
         kernel, _, _, kargs, meta = prepare(args["a"], args["b"], config, args["bias"], args["activation"],
-                                             args["residual"], None, compile_only=True)
+                                            args["residual"], None, compile_only=True)
         target = GPUTarget(*TARGET)
         backend = make_backend(target)
         binder = create_function_from_signature(kernel.signature, kernel.params, backend)

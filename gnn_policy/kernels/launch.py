@@ -174,7 +174,9 @@ def _tma_args(config: TileConfig, pa: Operand, pb: Operand, k: int, batch: int) 
                 MASK_B_K=tail and not b_kmaj and b_rows > 0)
 
 
-def prepare(a, b, config, bias, activation, residual, out, compile_only=False):
+def prepare(a: torch.Tensor, b: torch.Tensor, config: TileConfig, bias: torch.Tensor | None,
+            activation: str | None, residual: torch.Tensor | None, out: torch.Tensor | None,
+            compile_only: bool = False) -> tuple[Any, torch.Tensor, tuple, tuple, dict]:
     """Kernel, output, grid, arguments and meta-parameters for one call.
 
     `compile_only` stands one-element buffers in for the split-K workspace and counters: the
@@ -297,7 +299,8 @@ def launch(a: torch.Tensor, b: torch.Tensor, config: TileConfig, *, bias: torch.
     return c
 
 
-def run_prepared(kernel, g, args, meta, config, device, programs) -> None:
+def run_prepared(kernel: Any, g: tuple, args: tuple, meta: dict, config: TileConfig, device: torch.device,
+                 programs: int | None) -> None:
     """Launch what `prepare` returned; a persistent variant's grid (and stream-K's split) is set here."""
     if meta.get("DEVICE_DESC") and device.type == "cuda":
         ensure_allocator()
