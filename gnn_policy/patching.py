@@ -9,10 +9,11 @@ Every `nn.Linear` becomes a `TritonLinear` that shares its parameters and runs
 `gnn_policy.matmul` at the policy's first pick for each input shape (chosen once per shape and
 cached, see `gnn_policy.ops.policy_config`; a call like one before goes straight to a
 prepared launch, `gnn_policy.kernels.plan`). A layer keeps its config per input signature
-for its life: after switching the checkpoint or $GNN_POLICY_GPU, patch the model again. Where torch.fx can trace the model, the patterns
-`graphs.capture` folds are fused too: a Linear whose only user is an activation the template
-computes (relu, exact gelu, silu) and/or a residual add runs as one kernel. The result is
-then a `torch.fx.GraphModule` and the model itself is left untouched; a model fx cannot trace
+for its life: after switching the checkpoint or $GNN_POLICY_GPU, patch the model again.
+
+Where torch.fx can trace the model, the patterns `graphs.capture` folds are fused too: a
+Linear whose only user is an activation the template computes (relu, exact gelu, silu) and/or
+a residual add runs as one kernel. The result is then a `torch.fx.GraphModule` and the model itself is left untouched; a model fx cannot trace
 (data-dependent control flow, say) has its Linear layers swapped in place instead, with a
 warning that nothing was fused.
 

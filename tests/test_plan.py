@@ -27,10 +27,11 @@ CASES = [
 
 def _same(x, y) -> bool:
     if isinstance(x, torch.Tensor):
-        return isinstance(y, torch.Tensor) and (x.data_ptr(), x.shape, x.stride()) == (y.data_ptr(), y.shape, y.stride())
+        return isinstance(y, torch.Tensor) and \
+            (x.data_ptr(), x.shape, x.stride()) == (y.data_ptr(), y.shape, y.stride())
     if isinstance(x, TensorDescriptor):
-        return isinstance(y, TensorDescriptor) and _same(x.base, y.base) and \
-            (list(x.shape), list(x.strides), list(x.block_shape)) == (list(y.shape), list(y.strides), list(y.block_shape))
+        fields = lambda d: (list(d.shape), list(d.strides), list(d.block_shape))  # noqa: E731
+        return isinstance(y, TensorDescriptor) and _same(x.base, y.base) and fields(x) == fields(y)
     return x == y and type(x) is type(y)
 
 
