@@ -13,9 +13,9 @@ for its life: after switching the checkpoint or $GNN_POLICY_GPU, patch the model
 
 Where torch.fx can trace the model, the patterns `graphs.capture` folds are fused too: a
 Linear whose only user is an activation the template computes (relu, exact gelu, silu) and/or
-a residual add runs as one kernel. The result is then a `torch.fx.GraphModule` and the model itself is left untouched; a model fx cannot trace
-(data-dependent control flow, say) has its Linear layers swapped in place instead, with a
-warning that nothing was fused.
+a residual add runs as one kernel. The result is then a `torch.fx.GraphModule` and the model
+itself is left untouched; a model fx cannot trace (data-dependent control flow, say) has its
+Linear layers swapped in place instead, with a warning that nothing was fused.
 
 What the kernel does not cover runs torch's own ops instead, with one warning per reason and
 never an error mid-model: autograd (call under `torch.no_grad()` or `torch.inference_mode()`),
