@@ -49,9 +49,10 @@ def demo(seed: int = 0) -> int:
         seconds = time.perf_counter() - start
         err = relative_error(out, reference(**args))
         tol = TOLERANCE[TORCH_DTYPES[problem.dtype]]
-        source = "" if config else chosen_config(problem, gpu)[1]
-        if source and ran != chosen_config(problem, gpu)[0]:
-            source += ", pointer loads: TMA refused these tensors"
+        source = ""
+        if config is None:
+            chosen, source = chosen_config(problem, gpu)
+            source += "" if ran == chosen else ", pointer loads: TMA refused these tensors"
         ok = err <= tol
         failed += not ok
         label = ran.key + (f" ({source})" if source else "")

@@ -113,7 +113,7 @@ class RunExport:
         except OSError as exc:
             self.db.set_meta(PENDING, json.dumps(spans))
             raise ShardWriteError(f"could not write the shard {path} ({exc.strerror or exc}); its {len(rows)} rows "
-                              f"stay in {self.db.path}, and the next run with --shard-dir exports them") from None
+                                  f"stay in {self.db.path}, and the next run with --shard-dir exports them") from None
         self.db.set_meta(PENDING, "[]")
         return written
 

@@ -6,43 +6,34 @@ for real, with the analytic model or from a replay, within the round's share of 
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # the run's flags and budget live in its entry module, which imports this one
     from training.finetune import Budget, FinetuneArgs
 
 
-class measurer:
+@contextlib.contextmanager
+def measurer(db, spec, args: FinetuneArgs, source: str) -> Iterator:
     """The measuring callable of the run (real worker + compile pool, the analytic model, or a replay)."""
+    from gnn_policy.policy import DEFAULT_CHECKPOINT
+    from gnn_policy.search import Measurer, local_measurer
 
-    def __init__(self, db, spec, args: FinetuneArgs, source: str):
-        self.db, self.spec, self.args, self.source = db, spec, args, source
+    counts = collections.defaultdict(int)
+    if args.replay:
+        from gnn_policy.measure.replay import ReplayPool
 
-    def __enter__(self):
-        import contextlib
+        yield Measurer(db, spec, ReplayPool(args.replay, spec.name), None, counts, source=source)
+        return
+    analytic = None
+    if source == "simulated":
+        from gnn_policy.measure.simulator import load_fitted
 
-        from gnn_policy.policy import DEFAULT_CHECKPOINT
-        from gnn_policy.search import Measurer, local_measurer
-
-        self.stack = contextlib.ExitStack()
-        counts = collections.defaultdict(int)
-        if self.args.replay:
-            from gnn_policy.measure.replay import ReplayPool
-
-            return Measurer(self.db, self.spec, ReplayPool(self.args.replay, self.spec.name), None, counts,
-                            source=self.source)
-        analytic = None
-        if self.source == "simulated":
-            from gnn_policy.measure.simulator import load_fitted
-
-            analytic = load_fitted(self.args.analytic or DEFAULT_CHECKPOINT.parent / "analytic.json")
-        return self.stack.enter_context(local_measurer(self.db, self.spec, counts, self.args.runner,
-                                                       self.args.timeout, simulated=analytic))
-
-    def __exit__(self, *exc: object) -> None:
-        self.stack.close()
+        analytic = load_fitted(args.analytic or DEFAULT_CHECKPOINT.parent / "analytic.json")
+    with local_measurer(db, spec, counts, args.runner, args.timeout, simulated=analytic) as measure:
+        yield measure
 
 
 SOURCES = ("top", "doubt", "mutation")  # where a problem's next measurement comes from, in turn

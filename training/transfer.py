@@ -271,8 +271,9 @@ def _export(db, args: TransferArgs, target: str, stamp: str) -> int:
         since = tuple(json.loads(db.meta(EXPORTED)))
         return snapshot.export_run(db, args.shard_dir, target, "transfer", since, stamp)
     except OSError as exc:
-        raise snapshot.ShardWriteError(f"could not write a shard to {args.shard_dir} ({exc.strerror or exc}); the rows "
-                                   f"stay in {db.path}, and the next run with --shard-dir exports them") from None
+        raise snapshot.ShardWriteError(f"could not write a shard to {args.shard_dir} ({exc.strerror or exc}); "
+                                       f"the rows stay in {db.path}, and the next run with --shard-dir exports "
+                                       "them") from None
 
 
 def _evaluation_db(args: TransferArgs) -> Path:
