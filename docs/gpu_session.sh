@@ -10,7 +10,8 @@
 # wstrial (the warpspec variant's GPU correctness trial with its hang rule lifted; it stops after
 # two hangs), wsceiling (its ceiling on the first 15 shapes, only after a trial without a hung or
 # failed case, in this call or the one before on the same warm machine), collect
-# (random-train, resumes from the shipped shards), sweep200 (the H200's random-test split swept
+# (random-train, resumes from the shipped shards), slices (random-train on SM slices sm64, sm32, sm96 and sm16
+# of the GPU that came, $SLICES to choose, 800 problems x 50 configs, at most 100 GFLOP), sweep200 (the H200's random-test split swept
 # densely, resuming: 1,000 configs a problem, then refinement and confirm; an H200 only).
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
@@ -89,6 +90,17 @@ for stage in "$@"; do
         --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial --named inductor_mm \
         --policy checkpoints/pretrained.pt --policy-top 4 \
         --time-limit $(mins $((L-50))) --timeout 10 --compile-timeout 60 --shard-dir $R/t > $R/collect.log 2>&1 ;;
+    slices)
+      # issue 22's training slices over random shapes, of whichever GPU came (the H100's while the H200
+      # is not lent): each slice an equal share of the time left, resuming from the shipped shards
+      case "$GPU" in *H200*) B=h200;; *) B=h100;; esac; SL=(${SLICES:-64 32 96 16})
+      SHARE=$(( (L - 30) / ${#SL[@]} ))
+      for sm in "${SL[@]}"; do
+        timeout $SHARE python3 -m gnn_policy.cli collect --gpu $B-sm$sm --db /tmp/sl.sqlite --split random-train \
+          --problems 800 --configs 50 --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial \
+          --named inductor_mm --max-gflop ${SLICE_MAX_GFLOP:-100} --time-limit $(mins $(( SHARE - 40 ))) --timeout 10 \
+          --compile-timeout 60 --shard-dir $R/t > $R/slice_sm$sm.log 2>&1; echo "   sm$sm rc $?"
+      done ;;
   esac
   echo "   rc $?"
 done
