@@ -1,6 +1,7 @@
 """Reading a policy checkpoint, and the one error every loader raises for a file that is not one.
 
-A checkpoint is `{"model_config": dict, "state_dict": dict}` written by `torch.save`, read with
+A checkpoint is `{"model_config": dict, "state_dict": dict}` (an ensemble adds "members", a list
+of further state dicts of the same model_config) written by `torch.save`, read with
 `torch.load(weights_only=True)`, which refuses any pickle that would import or run code.
 Whatever is wrong with a file (empty, truncated, random bytes, another torch file, code in
 the pickle, weights of another shape), the caller gets a `CheckpointError` whose message
@@ -67,6 +68,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{path}: a torch file but not a policy checkpoint: expected the keys "
                               f"{' and '.join(KEYS)}, found {found}")
+    members = state.get("members", [])
+    if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
+        raise CheckpointError(f"{path}: its members (an ensemble's other weights) are not a list of state dicts")
     return state
 
 

@@ -26,6 +26,7 @@ from gnn_policy.model_tune import ModelSpecError
 from gnn_policy.snapshot import ShardWriteError
 from gnn_policy.tune import TuneArgs, TuneError
 from training.bench import BenchArgs
+from training.ensemble import EnsembleArgs, EnsembleError
 from training.finetune import FinetuneArgs, FinetuneError
 from training.imported import ImportedArgs
 from training.meta_pretrain import MetaPretrainArgs
@@ -36,7 +37,7 @@ from training.transfer import TransferArgs, TransferError
 # message names the culprit, so it is printed alone, without a traceback.
 USER_ERRORS = (hardware_specs.SpecError, DatabaseError, FileNotFoundError, FinetuneError, TransferError,
                CheckpointError, ProblemTooLarge, ReplayError, WorkerError, ShardWriteError, ConfigError, ModelSpecError,
-               TuneError, ExportError)
+               TuneError, ExportError, EnsembleError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +182,15 @@ def run_export(args: ExportArgs) -> int:
     return 0
 
 
+def run_ensemble(args: EnsembleArgs) -> int:
+    from training.ensemble import run
+
+    out = run(args)
+    print(f"ensemble of {len(out['members'])} written to {out['checkpoint']} (card {out['card']}); fit its "
+          f"calibration: python -m gnn_policy.benchmarks.calibrate --db DB --checkpoint {out['checkpoint']}")
+    return 0
+
+
 def run_confirm(args: ConfirmArgs) -> int:
     from gnn_policy.confirm import run
 
@@ -194,6 +204,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "sweep": (SweepArgs, run_sweep),
     "pretrain": (PretrainArgs, run_pretrain),
     "meta-pretrain": (MetaPretrainArgs, run_meta_pretrain),
+    "ensemble": (EnsembleArgs, run_ensemble),
     "tune": (TuneArgs, run_tune),
     "export": (ExportArgs, run_export),
     "bench": (BenchArgs, run_bench),

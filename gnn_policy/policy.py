@@ -9,6 +9,8 @@ A roofline-bounded cost model (`ModelConfig.cost_model` 1) scores every valid co
 problem (`gnn_policy.scoring`): the first pick is the best predicted, the next ones the
 best of each (variant, SPLIT_K, tile shape) group not yet picked (`diverse_order`), and the
 policy's distribution is softmax(predicted log TFLOP/s / TEMPERATURE) over the valid configs.
+An ensemble checkpoint (`gnn-policy ensemble`: seeds of one recipe) scores the same way with
+its first member, then the others rescore that member's `VOTE` best and their mean decides.
 The scores of the last problems are kept (`CACHED` of them), so a shape asked again costs a
 lookup; so are the config tables of the last (GPU, dtype) pairs (`TABLES`). The first checkpoints (cost_model 0) keep their rule: a beam over the autoregressive
 heads, reranked by the cost head.
@@ -32,20 +34,24 @@ from hardware_specs import GpuSpec
 from hardware_specs.features import GpuVocab, spec_vector
 from gnn_policy.checkpoint import CheckpointError, model_fields, read_checkpoint, weights_fault
 from gnn_policy.cost_features import problem_vector
-from gnn_policy.model import ModelConfig, PolicyModel, weights_version
-from gnn_policy.scoring import ConfigTable, config_table, score_all, scoring_threads
+from gnn_policy.model import LOG_ROOF, ModelConfig, PolicyModel, bound_dims, weights_version
+from gnn_policy.scoring import ConfigTable, config_table, score_all, score_some, scoring_threads
 from gnn_policy.space import TileConfig
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "pretrained.pt"
 
 
-def save_checkpoint(model: PolicyModel, path: str | Path) -> None:
-    """Write `model` in the format `Policy.load` reads (ModelConfig + state_dict, safe for
+def save_checkpoint(model: PolicyModel, path: str | Path, members: Sequence[PolicyModel] = ()) -> None:
+    """Write `model` (and an ensemble's other `members`, of the same ModelConfig) in the format
+    `Policy.load` reads (ModelConfig + state_dict [+ members' state_dicts], safe for
     `torch.load(weights_only=True)`); written then renamed, so a kill leaves no half file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}, tmp)
+    state = {"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}
+    if members:
+        state["members"] = [m.state_dict() for m in members]
+    torch.save(state, tmp)
     os.replace(tmp, path)
 
 
@@ -64,6 +70,10 @@ TEMPERATURE = 0.1  # cost_model 1: p(config) = softmax(predicted log TFLOP/s / T
 CACHED = 64  # problems whose scores a Policy keeps
 TABLES = 4  # (GPU, dtype) pairs whose `scoring.ConfigTable` a Policy keeps (about 8 MB each)
 HEAD = 1024  # best predicted configs kept in order per problem: where top_k's diverse picks come from
+# an ensemble's first member's best configs that every member scores: at 4,096 the vote picked as a
+# vote over every valid config did on both val splits, at 1,024 it lost up to 0.007 (docs/BENCHMARKS.md,
+# "Three seeds' vote")
+VOTE = 4096
 
 
 def diversity_group(config: TileConfig) -> tuple:
@@ -114,8 +124,13 @@ class Scores:
 
 
 class Policy:
-    def __init__(self, model: PolicyModel):
+    def __init__(self, model: PolicyModel, members: Sequence[PolicyModel] = ()):
         self.model = model.eval()
+        # an ensemble's other members (same ModelConfig): they rescore the first member's VOTE best
+        self.members = tuple(m.eval() for m in members)
+        for m in self.members:
+            if m.cfg != model.cfg:
+                raise ValueError("an ensemble's members must share the first member's ModelConfig")
         self.vocab = GpuVocab(model.cfg.gpu_names)
         self._scores: collections.OrderedDict = collections.OrderedDict()  # (problem, gpu, weights) -> Scores
         self._tables: collections.OrderedDict = collections.OrderedDict()  # (gpu, dtype, weights) -> ConfigTable
@@ -126,14 +141,23 @@ class Policy:
         (naming the file and the fault) for a file that is not a usable checkpoint."""
         state = read_checkpoint(path)
         try:
-            model = PolicyModel(ModelConfig(**model_fields(path, state)))
+            config = ModelConfig(**model_fields(path, state))
         except (TypeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"{path}: its model_config does not make a policy ({exc})") from None
-        try:
-            model.load_state_dict(state["state_dict"])
-        except RuntimeError as exc:
-            raise CheckpointError(f"{path}: its weights do not fit its model_config ({weights_fault(exc)})") from None
-        return cls(model)
+        models = []
+        for i, weights in enumerate([state["state_dict"], *state.get("members", [])]):
+            models.append(PolicyModel(config))
+            try:
+                models[-1].load_state_dict(weights)
+            except RuntimeError as exc:
+                which = f"member {i}'s weights" if i else "its weights"
+                raise CheckpointError(f"{path}: {which} do not fit its model_config ({weights_fault(exc)})") from None
+        return cls(models[0], models[1:])
+
+    def first(self) -> Policy:
+        """The first member alone: what adaptation trains, since members adapted apart would
+        each need the measurements' gradient steps (a single policy is itself)."""
+        return Policy(self.model) if self.members else self
 
     def features(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The model's inputs for one problem on one GPU: graph batch, spec vector, GPU index, valid mask."""
@@ -156,21 +180,40 @@ class Policy:
     @torch.no_grad()
     def scores(self, problem: GemmProblem, gpu: GpuSpec) -> Scores:
         """Every valid config scored (cost_model 1), from the cache when the weights are unchanged."""
-        weights = weights_version(self.model.parameters())
+        weights = weights_version([*self.model.parameters(), *(w for m in self.members for w in m.parameters())])
         key = (problem, gpu, weights)
         if key in self._scores:
             self._scores.move_to_end(key)
             return self._scores[key]
         with scoring_threads():
-            h, mask = self._encode(problem, gpu)
+            graph, spec, index, mask = self.features(problem, gpu)
+            h = self.model.encode(graph, spec, index)
             dims = problem_vector(problem, gpu)
-            flat, pred = score_all(self.model, self._table(gpu, problem.dtype, dims, weights), h, dims, mask[0])
+            flat, pred = score_all(self.model, self._table(0, gpu, problem.dtype, dims, weights), h, dims, mask[0])
+            if self.members:
+                pred = self._vote(problem, gpu, dims, (graph, spec, index), weights, flat, pred)
             by_flat = torch.full((mask.numel(),), float("-inf")).index_put_((flat,), pred)
             head, top = pred.topk(min(HEAD, len(pred)))  # a full sort of ~56,000 scores costs 4 ms
             self._scores[key] = Scores(flat[top], head, by_flat, torch.logsumexp(pred / TEMPERATURE, 0).item(), h[0])
         if len(self._scores) > CACHED:
             self._scores.popitem(last=False)
         return self._scores[key]
+
+    def _vote(self, problem: GemmProblem, gpu: GpuSpec, dims: torch.Tensor, inputs: tuple, weights: tuple,
+              flat: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        """`pred` (the first member's scores of the configs `flat`) with its VOTE best replaced
+        by the mean over the members, and the rest moved by the mean's average shift there, so
+        that a config outside the vote is not favoured for having escaped it. Capped at the
+        roofline bound: a shift never lifts a score above physics."""
+        top = pred.topk(min(VOTE, len(pred))).indices
+        votes = [pred[top]] + [score_some(m, self._table(i, gpu, problem.dtype, dims, weights), m.encode(*inputs),
+                                          dims, flat[top])
+                               for i, m in enumerate(self.members, 1)]
+        mean = torch.stack(votes).mean(0)
+        roof = bound_dims(self.model.cfg, dims).float()[LOG_ROOF]
+        out = torch.clamp(pred + (mean - pred[top]).mean(), max=roof)
+        out[top] = mean
+        return out
 
     def context(self, problem: GemmProblem, gpu: GpuSpec) -> list[float]:
         """The encoder's context for the problem on the GPU (what a calibration's level reads);
@@ -179,11 +222,12 @@ class Policy:
             return self.scores(problem, gpu).context.tolist()
         return self._encode(problem, gpu)[0][0].tolist()
 
-    def _table(self, gpu: GpuSpec, dtype: str, dims: torch.Tensor, weights: tuple) -> ConfigTable:
-        key = (gpu, dtype, weights)
+    def _table(self, member: int, gpu: GpuSpec, dtype: str, dims: torch.Tensor, weights: tuple) -> ConfigTable:
+        key = (member, gpu, dtype, weights)
         if key not in self._tables:
-            self._tables[key] = config_table(self.model, self.model.space.mask(gpu, dtype), dims)
-            if len(self._tables) > TABLES:
+            model = (self.model, *self.members)[member]
+            self._tables[key] = config_table(model, model.space.mask(gpu, dtype), dims)
+            if len(self._tables) > TABLES * (1 + len(self.members)):
                 self._tables.popitem(last=False)
         self._tables.move_to_end(key)
         return self._tables[key]

@@ -133,7 +133,12 @@ def test_pretrain_flag_reaches_the_checkpoint(tmp_path):
 def test_the_default_checkpoint_is_floored_and_was_trained_on_random_shapes():
     import json
 
-    assert Policy.load(DEFAULT_CHECKPOINT).model.cfg.floored_bound is True
+    policy = Policy.load(DEFAULT_CHECKPOINT)
+    assert policy.model.cfg.floored_bound is True
     card = json.loads(DEFAULT_CHECKPOINT.with_suffix(".card.json").read_text())
-    assert card["data"]["train"]["problems_by_split"]["random-train"] > 0
-    assert "random-test" not in card["data"]["train"]["problems_by_split"]
+    # an ensemble's card lists its members' training cards, one per member
+    runs = card["members"] if card.get("job") == "ensemble" else [card]
+    assert len(runs) == 1 + len(policy.members)
+    for run in runs:
+        assert run["data"]["train"]["problems_by_split"]["random-train"] > 0
+        assert "random-test" not in run["data"]["train"]["problems_by_split"]

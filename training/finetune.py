@@ -216,6 +216,10 @@ def run(args: FinetuneArgs) -> dict:
     if start_path.resolve() in (weights.resolve(), rounds_path.resolve()):  # the guard's fallback needs the start intact
         raise FinetuneError(f"--checkpoint {start_path} is the file this run writes: give another --output")
     start_policy = Policy.load(start_path)  # a file that is no checkpoint is refused before anything is written
+    if start_policy.members:
+        print(f"gnn-policy finetune: {start_path} is an ensemble of {1 + len(start_policy.members)}; its first "
+              "member is adapted alone, and is the start the guard compares with", file=sys.stderr, flush=True)
+        start_policy = start_policy.first()
     if not (args.simulate or args.replay):
         check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
     # by content, not only path: a start replaced between resumes is another run
@@ -273,7 +277,7 @@ def run(args: FinetuneArgs) -> dict:
                                  "finetune/spent": db.count_since(spec.name, source, state["since"]),
                                  **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
             if args.guard and "guard" not in state:
-                start = Policy.load(start_path)
+                start = Policy.load(start_path).first()
                 check = cross_fit(start, problems, spec, db, source, args.plan, args.rounds, args.seed)
                 state["guard"] = dataclasses.asdict(check) | {"kept": check.kept}
                 if check.kept == "start":

@@ -2,9 +2,10 @@
 
     python -m gnn_policy.benchmarks.calibrate --db /tmp/r.sqlite --checkpoint checkpoints/pretrained.pt
 
-For every problem of each `--gpu` with correct real rows, the cost head predicts the TFLOP/s
-of the measured configs and the `--top` it predicts fastest are kept: the configs a user is
-shown first, chosen by prediction, not by outcome. The fit (`gnn_policy.calibration_level`: a
+For every problem of each `--gpu` with correct real rows, the policy's scores (`Policy.scores`:
+an ensemble's vote included, what `tune` shows) predict the TFLOP/s of the measured configs
+and the `--top` it predicts fastest are kept: the configs a user is shown first, chosen by
+prediction, not by outcome. The fit (`gnn_policy.calibration_level`: a
 line per GPU through its ceiling, and a level per problem shared by the GPUs) uses the training role (the train
 families and random-train, `graphs.classes.ROLES`) and is checked on every held-out split
 together (`held_out`: the val and test roles, family and random, so a GPU measured on random
@@ -48,13 +49,11 @@ def favourite_rows(policy: Policy, db: Database, gpu: hardware_specs.GpuSpec, to
         configs = [c for c in measured if c in space]
         if not configs:
             continue
-        with torch.no_grad():
-            h, _ = policy.encode(problem, gpu)
-            idx = torch.tensor([space.index(c) for c in configs])[None]
-            predicted = policy.cost(h, problem, gpu, idx)[0].exp().tolist()
+        scores = policy.scores(problem, gpu)  # what `tune` shows, an ensemble's vote included
+        predicted = scores.by_flat[torch.tensor([space.flat_index(c) for c in configs])].exp().tolist()
         roof, bound = roofline_tflops(problem, gpu, floor=False), roofline_tflops(problem, gpu)
-        features = level_features(problem, gpu, h[0].tolist())
-        best = sorted(zip(predicted, configs), key=lambda x: -x[0])[:top]
+        features = level_features(problem, gpu, scores.context.tolist())
+        best = sorted([(p, c) for p, c in zip(predicted, configs) if p > 0], key=lambda x: -x[0])[:top]
         rows += [{"gpu": gpu.name, "split": split, "predicted": p, "measured": measured[c], "roof": roof,
                   "bound": bound, "features": features, "dtype": problem.dtype} for p, c in best]
     return rows
