@@ -68,7 +68,7 @@ def first_pick(log_probs: Sequence[float], log_tflops: Sequence[float], rerank: 
 
 TEMPERATURE = 0.1  # cost_model 1: p(config) = softmax(predicted log TFLOP/s / TEMPERATURE) over valid configs
 CACHED = 64  # problems whose scores a Policy keeps
-TABLES = 4  # (GPU, dtype) pairs whose `scoring.ConfigTable` a Policy keeps (about 8 MB each)
+TABLES = 4  # (GPU, dtype) pairs whose `scoring.ConfigTable`s a Policy keeps, one a member (about 8 MB each)
 HEAD = 1024  # best predicted configs kept in order per problem: where top_k's diverse picks come from
 # an ensemble's first member's best configs that every member scores: at 4,096 the vote picked as a
 # vote over every valid config did on both val splits, at 1,024 it lost up to 0.007 (docs/BENCHMARKS.md,
@@ -135,7 +135,7 @@ class Policy:
         self._weights = [w for m in (self.model, *self.members) for w in m.parameters()]
         self.vocab = GpuVocab(model.cfg.gpu_names)
         self._scores: collections.OrderedDict = collections.OrderedDict()  # (problem, gpu, weights) -> Scores
-        self._tables: collections.OrderedDict = collections.OrderedDict()  # (gpu, dtype, weights) -> ConfigTable
+        self._tables: collections.OrderedDict = collections.OrderedDict()  # (member, gpu, dtype, weights) -> ConfigTable
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CHECKPOINT) -> Policy:
