@@ -64,3 +64,22 @@ def test_stats_says_it_is_loading_the_snapshot_then_answers_from_the_database(tm
     assert "loaded 3 rows" in first.stderr and "H200-SXM-141GB" in first.stdout
     again = subprocess.run(cli, capture_output=True, text=True, env=env)
     assert again.stderr == "" and again.stdout == first.stdout
+
+
+def test_a_shard_keeps_six_significant_digits_of_each_float(tmp_path):
+    import gzip
+    import json
+
+    m = Measurement("H200-SXM-141GB", P.key, C.key, "ok", median_ms=0.11028799787163734, p10_ms=0.10992480218410491,
+                    p90_ms=0.11462879702448844, tflops=50.24423715125814, max_rel_err=0.00020921234567,
+                    sm_mhz=1980, versions="v")
+    with Database(tmp_path / "a.sqlite") as a:
+        a.add([(m, P, C)])
+        export_shard(a, tmp_path / "s" / "run.jsonl.gz", (0, 0))
+    row = json.loads(gzip.open(tmp_path / "s" / "run.jsonl.gz", "rt").readline())
+    assert (row["median_ms"], row["p10_ms"], row["p90_ms"], row["tflops"], row["max_rel_err"]) == (
+        0.110288, 0.109925, 0.114629, 50.2442, 0.000209212)
+    assert row["sm_mhz"] == 1980 and row["problem"] == P.key  # only floats are rounded
+    with Database(tmp_path / "b.sqlite") as b:
+        load_shipped(b, tmp_path / "s")
+        assert b.best_known("H200-SXM-141GB", P.key) == (C.key, 50.2442)
