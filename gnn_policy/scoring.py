@@ -14,6 +14,9 @@ it varies (the `cost_features.FEATURE_COLUMNS` groups):
 - per config: GROUP_M's part, the ReLU and the output layer, written
   relu(x + e) . w = max(x, -e) . w + e . w, so a chunk of rows stays in the CPU's cache while
   it serves each GROUP_M value in two passes.
+
+`score_some` computes the same for a few thousand configs, on the rows they fall on alone: how
+an ensemble's other members vote on its first member's favourites.
 """
 from __future__ import annotations
 
