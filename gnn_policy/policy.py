@@ -157,8 +157,7 @@ class Policy:
         return cls(models[0], models[1:])
 
     def first(self) -> Policy:
-        """The first member alone: what adaptation trains, since members adapted apart would
-        each need the measurements' gradient steps (a single policy is itself)."""
+        """The first member alone, one model's scoring without the vote (a single policy is itself)."""
         return Policy(self.model) if self.members else self
 
     def features(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -174,6 +173,15 @@ class Policy:
     def cost(self, h: torch.Tensor, problem: GemmProblem, gpu: GpuSpec, configs: torch.Tensor) -> torch.Tensor:
         """Predicted log TFLOP/s [1, C] of knob indices configs [1, C, knobs] for context h of `encode`."""
         return self.model.cost(h, configs, problem_vector(problem, gpu)[None])
+
+    @torch.no_grad()
+    def predicted(self, problem: GemmProblem, gpu: GpuSpec, configs: torch.Tensor) -> torch.Tensor:
+        """Predicted log TFLOP/s [1, C] of knob indices configs [1, C, knobs]: an ensemble's mean
+        over its members (its vote, as `scores` takes it among the VOTE best), else `cost`'s."""
+        graph, spec, index, _ = self.features(problem, gpu)
+        dims = problem_vector(problem, gpu)[None]
+        return torch.stack([m.cost(m.encode(graph, spec, index), configs, dims)
+                            for m in (self.model, *self.members)]).mean(0)
 
     @torch.no_grad()
     def _encode(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[torch.Tensor, torch.Tensor]:

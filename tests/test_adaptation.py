@@ -168,10 +168,10 @@ def _judged_stages(monkeypatch, calibrate_to: str, adapt_to: str):
     def steer(copy_, db, spec, sign):
         true = {(p.key, k): v for p in PROBLEMS for k, v in db.tflops(spec.name, p.key, "real").items()}
 
-        def cost(h, problem, gpu, idx):
+        def predicted(problem, gpu, idx):
             keys = [copy_.model.space.at(tuple(row)).key for row in idx[0].tolist()]
             return torch.tensor([[sign * math.log(true[(problem.key, k)]) for k in keys]])
-        copy_.cost = cost
+        copy_.predicted = predicted  # what the guard's picks read
     sign = {"truth": 1.0, "opposite": -1.0}
     monkeypatch.setattr(adaptation, "calibrate", lambda copy_, learn, spec, db, *a: steer(copy_, db, spec, sign[calibrate_to]))
     monkeypatch.setattr(adaptation, "adapt", lambda copy_, learn, spec, db, *a: steer(copy_, db, spec, sign[adapt_to]))

@@ -332,3 +332,57 @@ def test_stored_configs_outside_the_policys_space_neither_become_candidates_nor_
     known = {persistent[0].key: 500.0, ours[0].key: 100.0}  # the best found is one the policy cannot score
     picked = _candidates(policy, problem, H200, known, 6, random.Random(0), offered)
     assert len(picked) == 6 and all(c in policy.model.space and c.key not in known for c in picked)
+
+
+@pytest.fixture()
+def ensemble_ckpt(tmp_path):
+    """A vote of two bounded members of one config, different weights (as `gnn-policy ensemble` writes)."""
+    from gnn_policy.policy import save_checkpoint
+
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(PolicyModel(ModelConfig(hidden=16, layers=1, gpu_names=("A100-SXM4-80GB",), cost_model=1)))
+    save_checkpoint(models[0], tmp_path / "ens.pt", models[1:])
+    return tmp_path / "ens.pt"
+
+
+def _members_moved(start_path, final_path) -> list[set[str]]:
+    start, final = (torch.load(p, weights_only=True) for p in (start_path, final_path))
+    pairs = zip([start["state_dict"], *start["members"]], [final["state_dict"], *final["members"]])
+    return [{k for k in a if not torch.equal(a[k], b[k])} for a, b in pairs]
+
+
+def test_an_ensemble_fine_tune_adapts_every_member_and_writes_the_vote(tmp_path, ensemble_ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    run(_args(tmp_path, ensemble_ckpt, budget="12", strategy="calibrate", calibration_lr=1e-2, guard=False))
+    out = tmp_path / "out" / "h200.pt"
+    assert len(Policy.load(out).members) == 1
+    assert _members_moved(ensemble_ckpt, out) == [set(CALIBRATION)] * 2
+
+
+def test_a_guard_that_keeps_the_start_of_an_ensemble_keeps_all_of_it(tmp_path, ensemble_ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    monkeypatch.setattr(guard, "cross_fit", lambda *a, **k: CheckResult(0.9, 0.7, 3))
+    card = run(_args(tmp_path, ensemble_ckpt, budget="12", strategy="calibrate", calibration_lr=1e-2))
+    assert card["guard"]["kept"] == "start"
+    assert _members_moved(ensemble_ckpt, tmp_path / "out" / "h200.pt") == [set(), set()]
+
+
+def test_an_ensembles_picks_and_doubt_read_its_vote(ensemble_ckpt):
+    from gnn_policy.search import valid_configs
+    from gnn_policy.space import space
+    from graphs import GemmProblem
+    from training.finetune_measure import _ensemble
+    from training.guard import first_choice
+
+    vote, problem = Policy.load(ensemble_ckpt), GemmProblem(64, 1024, 1024)
+    configs = valid_configs(space("full"), H200, problem)[:300]
+    idx = torch.tensor([vote.model.space.index(c) for c in configs])[None]
+    each = [Policy(m).predicted(problem, H200, idx)[0] for m in (vote.model, *vote.members)]
+    mean = torch.stack(each).mean(0)
+    assert not torch.equal(each[0].argmax(), each[1].argmax())  # the members disagree on their first pick
+    assert first_choice(vote, problem, H200, configs) == int(mean.argmax())
+    rows = _ensemble(vote, problem, H200, configs)
+    assert torch.allclose(rows[0], mean) and torch.allclose(rows[1], each[0]) and torch.allclose(rows[2], each[1])
+    assert len(rows) == 3 + len(vote.model.cfg.gpu_names)  # and the first member through its other embeddings

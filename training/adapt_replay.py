@@ -72,11 +72,11 @@ def _order(policy: Policy, p, spec, configs: list, first: int) -> list[int]:
     import torch
 
     idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
+    if policy.model.cfg.cost_model == 1:
+        by_pred = policy.predicted(p, spec, idx)[0].argsort(descending=True).tolist()
+        return [by_pred[i] for i in diverse_order([configs[i] for i in by_pred], 8)]
     with torch.no_grad():
         h, mask = policy.encode(p, spec)
-        if policy.model.cfg.cost_model == 1:
-            by_pred = policy.cost(h, p, spec, idx)[0].argsort(descending=True).tolist()
-            return [by_pred[i] for i in diverse_order([configs[i] for i in by_pred], 8)]
         by_prob = policy.model.log_prob(h, idx, mask)[0].argsort(descending=True).tolist()
     return [first] + [i for i in by_prob if i != first]
 

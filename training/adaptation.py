@@ -58,14 +58,21 @@ def calibration_parameters(model) -> list:
 
 
 class Adapter:
-    """A policy's adaptation across rounds: one Adam per stage, kept from round to round."""
+    """A policy's adaptation across rounds: one Adam per stage, kept from round to round. An
+    ensemble adapts each member alone on the same measurements (its own Adams): its vote is
+    what a user picks with, so the vote is what adapts and what the guard compares."""
 
     def __init__(self, policy, plan: AdaptPlan):
         import torch
 
+        from gnn_policy.policy import Policy
+
         self.policy, self.plan = policy, plan
-        self.optimisers = {"whole": torch.optim.Adam(policy.model.parameters(), lr=plan.lr),
-                           "calibrate": torch.optim.Adam(calibration_parameters(policy.model), lr=plan.calibration_lr)}
+        # the members' modules themselves, so that the ensemble's vote reads the adapted weights
+        self.parts = [Policy(m) for m in (policy.model, *policy.members)] if policy.members else [policy]
+        self.optimisers = [{"whole": torch.optim.Adam(part.model.parameters(), lr=plan.lr),
+                            "calibrate": torch.optim.Adam(calibration_parameters(part.model), lr=plan.calibration_lr)}
+                           for part in self.parts]
 
     def round(self, problems: list, spec, db, source: str, measured: dict, norms: dict) -> None:
         """The plan's stages after a round whose new measurements are `measured`."""
@@ -75,12 +82,12 @@ class Adapter:
     def stage(self, stage: str, problems: list, spec, db, source: str, measured: dict, norms: dict,
               rounds: int = 1) -> None:
         """One stage's steps; `rounds` times as many stand for that many rounds at once (the guard's replay)."""
-        if stage == "calibrate":
-            calibrate(self.policy, problems, spec, db, source, self.optimisers["calibrate"],
-                      self.plan.calibration_steps * rounds, norms)
-        else:
-            adapt(self.policy, problems, spec, db, source, measured, self.optimisers["whole"],
-                  self.plan.steps * rounds, norms)
+        for part, optimisers in zip(self.parts, self.optimisers):
+            if stage == "calibrate":
+                calibrate(part, problems, spec, db, source, optimisers["calibrate"],
+                          self.plan.calibration_steps * rounds, norms)
+            else:
+                adapt(part, problems, spec, db, source, measured, optimisers["whole"], self.plan.steps * rounds, norms)
 
 
 def _samples(policy, problems: list, spec, db, source: str) -> list[tuple]:

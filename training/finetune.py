@@ -36,8 +36,9 @@ from training.adaptation import STRATEGIES, AdaptPlan
 from training.finetune_measure import measure_round, measurer
 
 # raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard,
-# 4: strategies, measurements chosen for information, the bounded model's first-pick rule in the guard)
-ADAPT_VERSION = 4
+# 4: strategies, measurements chosen for information, the bounded model's first-pick rule in the guard,
+# 5: an ensemble adapts every member and is judged by its vote)
+ADAPT_VERSION = 5
 
 
 # Most measurements per tuning problem in one run: the adaptation's listwise and ranking losses
@@ -216,10 +217,6 @@ def run(args: FinetuneArgs) -> dict:
     if start_path.resolve() in (weights.resolve(), rounds_path.resolve()):  # the guard's fallback needs the start intact
         raise FinetuneError(f"--checkpoint {start_path} is the file this run writes: give another --output")
     start_policy = Policy.load(start_path)  # a file that is no checkpoint is refused before anything is written
-    if start_policy.members:
-        print(f"gnn-policy finetune: {start_path} is an ensemble of {1 + len(start_policy.members)}; its first "
-              "member is adapted alone, and is the start the guard compares with", file=sys.stderr, flush=True)
-        start_policy = start_policy.first()
     if not (args.simulate or args.replay):
         check_gpu(spec, hardware_specs.detect() if torch.cuda.is_available() else None, args.simulate)
     # by content, not only path: a start replaced between resumes is another run
@@ -269,7 +266,7 @@ def run(args: FinetuneArgs) -> dict:
                                          lambda: _save_state(state_path, state, budget), state["since"], rnd)
                 adapter.round(problems, spec, db, source, measured, norms)
                 out.mkdir(parents=True, exist_ok=True)
-                save_checkpoint(policy.model, rounds_path)
+                save_checkpoint(policy.model, rounds_path, policy.members)
                 state["round"] = rnd + 1
                 _save_state(state_path, state, budget)
                 if tracker is not None:
@@ -277,19 +274,19 @@ def run(args: FinetuneArgs) -> dict:
                                  "finetune/spent": db.count_since(spec.name, source, state["since"]),
                                  **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
             if args.guard and "guard" not in state:
-                start = Policy.load(start_path).first()
+                start = Policy.load(start_path)
                 check = cross_fit(start, problems, spec, db, source, args.plan, args.rounds, args.seed)
                 state["guard"] = dataclasses.asdict(check) | {"kept": check.kept}
                 if check.kept == "start":
-                    save_checkpoint(start.model, weights)
+                    save_checkpoint(start.model, weights, start.members)
                 elif check.kept == "calibrated":
-                    save_checkpoint(calibrated_only(start, problems, spec, db, source, args.plan, args.rounds,
-                                                    args.seed).model, weights)
+                    calibrated = calibrated_only(start, problems, spec, db, source, args.plan, args.rounds, args.seed)
+                    save_checkpoint(calibrated.model, weights, calibrated.members)
                 else:
-                    save_checkpoint(policy.model, weights)
+                    save_checkpoint(policy.model, weights, policy.members)
                 _save_state(state_path, state, budget)
             elif not args.guard:
-                save_checkpoint(policy.model, weights)
+                save_checkpoint(policy.model, weights, policy.members)
         budget.spent_count = db.count_since(spec.name, source, state["since"])
     card = {"job": "finetune", "gpu": spec.name, "source": source, "checkpoint": weights.name,
             "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,

@@ -45,8 +45,8 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, 
     turns over three sources (`SOURCES`), counted from what it already has:
     - top: the policy's best predicted config, the would-be first pick, whose error costs most;
     - doubt: where the model disagrees with itself: the widest spread of predicted log TFLOP/s
-      (each member's relative to its own best) when the GPU is read through each GPU embedding
-      the policy learned, among the ENSEMBLE_TOP best predicted;
+      (each row's relative to its own best) over an ensemble's members and the GPU read through
+      each GPU embedding the policy learned, among the ENSEMBLE_TOP best predicted;
     - mutation: the best predicted neighbour (one knob moved) of the best config found so far.
     A replay can answer only its `offered` config keys: the candidates are then those.
     """
@@ -67,11 +67,11 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, 
              if c.key not in known and c in space_ and mask[space_.index(c)]]
     if not fresh:
         return []
-    members = _ensemble(policy, problem, spec, fresh)
-    pred = members[0]
+    rows = _ensemble(policy, problem, spec, fresh)
+    pred = rows[0]
     by_pred = pred.argsort(descending=True).tolist()
     top = by_pred[:ENSEMBLE_TOP]
-    spread = (members[:, top] - members[:, top].max(1, keepdim=True).values).std(0)
+    spread = (rows[:, top] - rows[:, top].max(1, keepdim=True).values).std(0)
     near = set(neighbours)
     orders = {"top": by_pred, "doubt": [top[i] for i in spread.argsort(descending=True).tolist()],
               "mutation": [i for i in by_pred if fresh[i] in near]}
@@ -105,15 +105,21 @@ def _neighbours(config, space_, offered: set | None, rng: random.Random) -> list
 
 
 def _ensemble(policy, problem, spec, configs: list):
-    """Predicted log TFLOP/s [members, C]: row 0 as the policy reads this GPU, then one row
-    per GPU embedding it learned, with the spec unchanged."""
+    """Predicted log TFLOP/s [rows, C]: row 0 the policy's own prediction (an ensemble's vote),
+    then each member's as it reads this GPU (an ensemble), then the first member's through
+    every other GPU embedding it learned, with the spec unchanged."""
     import torch
+
+    from gnn_policy.cost_features import problem_vector
 
     graph, spec_vec, index, _ = policy.features(problem, spec)
     idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
-    rows = [index] + [torch.tensor([i]) for i in range(len(policy.model.cfg.gpu_names) + 1) if i != index.item()]
+    rows = [torch.tensor([i]) for i in range(len(policy.model.cfg.gpu_names) + 1) if i != index.item()]
+    dims = problem_vector(problem, spec)[None]
     with torch.no_grad():
-        return torch.cat([policy.cost(policy.model.encode(graph, spec_vec, r), problem, spec, idx) for r in rows])
+        own = [m.cost(m.encode(graph, spec_vec, index), idx, dims) for m in (policy.model, *policy.members)]
+        others = [policy.model.cost(policy.model.encode(graph, spec_vec, r), idx, dims) for r in rows]
+    return torch.cat([torch.stack(own).mean(0)] + (own if policy.members else []) + others)
 
 
 def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: int, rng, save, since: int,

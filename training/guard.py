@@ -87,17 +87,18 @@ def usable(policy, problem, spec, keys) -> list:
 
 def first_choice(policy, problem, spec, configs: list) -> int:
     """Index of the config of `configs` that the policy's first-pick rule takes: the best
-    predicted (cost_model 1, as `Policy.top_k`), or `policy.first_pick` over the most probable."""
+    predicted (cost_model 1, as `Policy.top_k`; an ensemble's vote), or `policy.first_pick` over
+    the most probable."""
     import torch
 
     from gnn_policy.policy import first_pick
 
     idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
+    if policy.model.cfg.cost_model == 1:
+        return int(policy.predicted(problem, spec, idx)[0].argmax())
     with torch.no_grad():
         h, mask = policy.encode(problem, spec)
         cost = policy.cost(h, problem, spec, idx)[0]
-        if policy.model.cfg.cost_model == 1:
-            return int(cost.argmax())
         logp = policy.model.log_prob(h, idx, mask)[0]
     order = logp.argsort(descending=True).tolist()
     return order[first_pick([logp[i].item() for i in order], [cost[i].item() for i in order])]
@@ -122,9 +123,7 @@ def ordered_pairs(policy, problem, spec, figures: dict[str, float]) -> tuple[int
     if len(configs) < 2:
         return 0, 0
     idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
-    with torch.no_grad():
-        h, _ = policy.encode(problem, spec)
-        pred = policy.cost(h, problem, spec, idx)[0].tolist()
+    pred = policy.predicted(problem, spec, idx)[0].tolist()
     measured = [math.log(figures[c.key]) for c in configs]
     right = total = 0
     for i in range(len(configs)):
