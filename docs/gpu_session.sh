@@ -94,11 +94,13 @@ for stage in "$@"; do
       # issue 22's training slices over random shapes, of whichever GPU came (the H100's while the H200
       # is not lent): each slice an equal share of the time left, resuming from the shipped shards
       case "$GPU" in *H200*) B=h200;; *) B=h100;; esac; SL=(${SLICES:-64 32 96 16})
+      # the shards load once, before the shares are cut: in the first call they took sm64's share
+      GNN_POLICY_DB=/tmp/sl.sqlite python3 -m gnn_policy.cli stats > $R/slice_stats.log 2>&1; L=$(left)
       SHARE=$(( (L - 30) / ${#SL[@]} ))
       for sm in "${SL[@]}"; do
         timeout $SHARE python3 -m gnn_policy.cli collect --gpu $B-sm$sm --db /tmp/sl.sqlite --split random-train \
           --problems 800 --configs 50 --pool 100 --pool-by-class --space hopper-tested --named triton_tutorial \
-          --named inductor_mm --max-gflop ${SLICE_MAX_GFLOP:-100} --time-limit $(mins $(( SHARE - 40 ))) --timeout 10 \
+          --named inductor_mm --max-gflop ${SLICE_MAX_GFLOP:-100} --time-limit $(mins $(( SHARE - 25 ))) --timeout 10 \
           --compile-timeout 60 --shard-dir $R/t > $R/slice_sm$sm.log 2>&1; echo "   sm$sm rc $?"
       done ;;
   esac
