@@ -386,3 +386,33 @@ def test_an_ensembles_picks_and_doubt_read_its_vote(ensemble_ckpt):
     rows = _ensemble(vote, problem, H200, configs)
     assert torch.allclose(rows[0], mean) and torch.allclose(rows[1], each[0]) and torch.allclose(rows[2], each[1])
     assert len(rows) == 3 + len(vote.model.cfg.gpu_names)  # and the first member through its other embeddings
+
+
+def test_a_replay_on_a_random_split_tunes_on_stored_problems_whatever_its_seed():
+    from gnn_policy.collect import select_problems
+    from training.tuning_problems import select
+
+    drawn = select_problems("random-train", 40, 0)
+    stored = {p.key for p in drawn[5::3]}  # a slice's sample of what the collections drew (seed 0's stream)
+    picks = {seed: select("random-train", 4, seed, None, lambda p: p.key in stored)[0] for seed in range(3)}
+    assert all(len(ps) == 4 and {p.key for p in ps} <= stored for ps in picks.values())
+    assert len({tuple(p.key for p in ps) for ps in picks.values()}) > 1  # the seed chooses among them
+
+
+def test_replayed_scoring_takes_the_first_measured_problems_and_says_when_there_are_none(tmp_path):
+    from gnn_policy.collect import select_problems
+    from training.adapt_replay import EVAL_PROBLEMS, evaluation_problems
+
+    class Stored:  # a database that holds a best known for a few problems
+        def __init__(self, keys):
+            self.keys = keys
+
+        def best_known(self, gpu, key):
+            return ("cfg", 1.0) if key in self.keys else None
+
+    drawn = select_problems("random-val", 2 * EVAL_PROBLEMS + 10, 0)
+    db = Stored({p.key for p in drawn[1::2]})
+    got = evaluation_problems(db, "H100-SXM5-80GB-sm64", {drawn[1].key}, "random-val")
+    assert [p.key for p in got] == [p.key for p in drawn[3::2]][:EVAL_PROBLEMS]
+    with pytest.raises(ValueError, match="no test problem has rows of H200-SXM-141GB-sm16"):
+        evaluation_problems(Stored(set()), "H200-SXM-141GB-sm16", set(), "test")

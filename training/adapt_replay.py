@@ -10,8 +10,9 @@ is asked on the run's own measurements which weights it would keep. A guarded ru
 follows from the weights it keeps, so one run gives both. The evaluation problems follow
 `gnn-policy transfer`'s protocol as far as the stored rows allow: the test split's first 40
 problems in collection order that have a best known on the target, less any the fine-tune
-tuned on. The H200 tunes on train-split problems, as `transfer` does; the 48-SM slice has
-rows of test problems alone, so it tunes on 8 of them and is scored on the others. Each
+tuned on. The H200 tunes on train-split problems, as `transfer` does (the H100 on random-train);
+a slice has rows of one split alone (sm48 of test, the others of train), so it tunes on 8
+problems of the split evaluated and is scored on the others. Each
 policy's first pick (its first-pick rule) and best of 8 (`Policy.top_k`'s order) among a
 problem's stored configs are scored as a fraction of best known (the best stored config of
 the problem), geomean over the problems. B = 0 is the checkpoint itself on the same problems.
@@ -28,16 +29,18 @@ from pathlib import Path
 
 import hardware_specs
 from graphs import GemmProblem
+from graphs.random_gemms import SPLITS as RANDOM_SPLITS
 from gnn_policy.collect import select_problems
 from gnn_policy.database import Database
 from gnn_policy.measure.result import CUBLAS
 from gnn_policy.policy import Policy, diverse_order
 from training.finetune import FinetuneArgs, run
 from training.guard import EVERY_FOLD, MIN_SCORED, calibrated_only, cross_fit, first_choice, usable
+from training.tuning_problems import REPLAY_HORIZON
 
 EVAL_PROBLEMS = 40  # transfer's --problems
 MIN_SCORED_JUDGED = (2, 4)  # the guard's cross-fit is asked under each: how many configs a judged problem needs
-# where a target tunes: the H100 was measured on random shapes alone; a GPU not named has rows of test problems alone
+# where a target tunes; a GPU not named (a slice) tunes on the split it is evaluated on, the only one it has rows of
 TUNE_SPLIT = {"H200-SXM-141GB": "train", "H100-SXM5-80GB": "random-train"}
 
 
@@ -49,7 +52,14 @@ class Score:
 
 
 def evaluation_problems(db: Database, gpu: str, tuned: set[str], split: str = "test") -> list[GemmProblem]:
-    return [p for p in select_problems(split, EVAL_PROBLEMS, 0) if db.best_known(gpu, p.key) and p.key not in tuned]
+    """The split's first EVAL_PROBLEMS problems that have a best known on `gpu`, less those tuned
+    on; of a random split, the first EVAL_PROBLEMS measured ones (a slice holds a sample of them)."""
+    random_split = split in RANDOM_SPLITS
+    out = [p for p in select_problems(split, REPLAY_HORIZON if random_split else EVAL_PROBLEMS, 0)
+           if db.best_known(gpu, p.key) and p.key not in tuned][:EVAL_PROBLEMS]
+    if not out:
+        raise ValueError(f"no {split} problem has rows of {gpu} to be scored on, besides those tuned on")
+    return out
 
 
 def score(policy: Policy, spec, db: Database, problems: list[GemmProblem]) -> Score:
@@ -91,7 +101,7 @@ def replay_run(db: Database, db_path: str, gpu: str, checkpoint: str, strategy: 
     evaluation problems, and what the guard kept."""
     spec = hardware_specs.load(gpu)
     args = FinetuneArgs(gpu=gpu, budget=str(budget), db=str(work / "d.sqlite"), checkpoint=checkpoint,
-                        output=str(work), split=TUNE_SPLIT.get(spec.name, "test"), seed=seed, replay=db_path,
+                        output=str(work), split=TUNE_SPLIT.get(spec.name, split), seed=seed, replay=db_path,
                         snapshot=False, guard=False, strategy=strategy, wandb=False, **settings)
     card = run(args)
     start, adapted = Policy.load(checkpoint), Policy.load(work / card["checkpoint"])

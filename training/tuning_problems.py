@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 from typing import Any, Callable
 
 from graphs import GemmProblem
+from graphs.random_gemms import SPLITS as RANDOM_SPLITS
 from gnn_policy.collect import select_problems
 from gnn_policy.model_tune import model_rows
 from training.transfer_log import file_digest
+
+# how far into a random split's stream a replay looks for problems it holds: past the 2,500
+# random-train problems a collection aims at
+REPLAY_HORIZON = 3000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +69,11 @@ def select(split: str, count: int, seed: int, model: ModelProblems | None,
     """At most `count` tuning problems, only those `offers` accepts when given (a replay's
     stored ones), and a note on what was left out ('' when nothing was)."""
     if model is None:
+        if split in RANDOM_SPLITS and offers is not None:
+            # a replay holds rows of the problems collections drew, seed 0's stream (another seed's
+            # stream holds none): the run's seed chooses among them
+            held = [p for p in select_problems(split, REPLAY_HORIZON, 0) if offers(p)]
+            return random.Random(seed).sample(held, min(count, len(held))), ""
         return select_problems(split, count, seed, where=offers), ""
     held = [p for p in model.problems if offers is None or offers(p)]
     notes = []
