@@ -92,7 +92,7 @@ class FinetuneArgs:
     lr: float = flag(3e-4, "learning rate of the whole-network steps", check=positive)
     calibration_steps: int = flag(20, "calibration steps after each round (--strategy calibrate, calibrate-whole)",
                                   check=at_least(0))
-    calibration_lr: float = flag(1e-3, "learning rate of the calibration steps", check=positive)
+    calibration_lr: float = flag(3e-4, "learning rate of the calibration steps", check=positive)
     guard: bool = flag(True, "keep the adapted weights only where a cross-fit over the tuning problems says they "
                              "pick better than the starting ones (or the calibration alone, where it does)",
                        off="always keep the adapted weights (no cross-fit)")
