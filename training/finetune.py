@@ -37,7 +37,7 @@ from training.finetune_measure import measure_round, measurer
 
 # raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard,
 # 4: strategies, measurements chosen for information, the bounded model's first-pick rule in the guard,
-# 5: an ensemble adapts every member and is judged by its vote)
+# 5: an ensemble adapts every member and is judged by its vote; the calibration's learning rate 3e-4)
 ADAPT_VERSION = 5
 
 
