@@ -71,7 +71,18 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     members = state.get("members", [])
     if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
         raise CheckpointError(f"{path}: its members (an ensemble's other weights) are not a list of state dicts")
+    if not _measured_ok(state.get("measured", {})):
+        raise CheckpointError(f"{path}: its measured winners are not {{gpu: {{problem: [config, TFLOP/s]}}}}")
     return state
+
+
+def _measured_ok(measured: Any) -> bool:
+    def win(v: Any) -> bool:
+        return (isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+                and isinstance(v[1], (int, float)) and v[1] > 0)
+    return isinstance(measured, dict) and all(
+        isinstance(gpu, str) and isinstance(wins, dict) and all(isinstance(k, str) and win(v) for k, v in wins.items())
+        for gpu, wins in measured.items())
 
 
 def _text_start(path: Path) -> str | None:

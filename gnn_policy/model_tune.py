@@ -187,9 +187,13 @@ def run(args: Any) -> dict:
     for row in rows:
         problem = row.pop("problem")
         pick = policy.top_k(problem, gpu, 1)[0]
-        tflops, fitted = displayed([pick.predicted_tflops], problem, gpu, fits, policy)[0]
+        if pick.measured:  # a fine-tune measured it on this GPU: shown as measured
+            tflops = pick.predicted_tflops
+        else:
+            tflops, fitted = displayed([pick.predicted_tflops], problem, gpu, fits, policy)[0]
         row.update(shape=shape(problem), problem=problem.key, layouts=f"{problem.a_layout}/{problem.b_layout}",
-                   epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=significant(tflops))
+                   epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=significant(tflops),
+                   finetune_measured=pick.measured)
     out = {"model": model.name, "tp": args.tp, "gpu": gpu.name, "checkpoint": str(checkpoint), "calibrated": fitted,
            "picks_ms": round(1e3 * (time.perf_counter() - start), 1), "rows": rows,
            "skipped": [{"what": what, "why": why} for what, why in model.skipped]}
@@ -244,10 +248,13 @@ def table(out: dict) -> str:
     cells = [head]
     for r in out["rows"]:
         cells.append([str(r["tokens"] if r["tokens"] is not None else "-"), ", ".join(r["layers"]), str(r["calls"]),
-                      r["shape"], r["layouts"], r["epilogue"], r["pick"], f"{r['predicted_tflops']:g}"]
+                      r["shape"], r["layouts"], r["epilogue"], r["pick"] + ("*" if r.get("finetune_measured") else ""),
+                      f"{r['predicted_tflops']:g}"]
                      + ([str(r["pick_ms"]), str(r["cublas_ms"]), str(r.get("vs_cublas", "-"))] if measured else []))
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    if any(r.get("finetune_measured") for r in out["rows"]):
+        lines.append("* measured on this GPU by the fine-tune that wrote the checkpoint: its TFLOP/s are that measurement")
     lines += [f"skipped: {s['what']}: {s['why']}" for s in out["skipped"]]
     for t in out.get("totals", []):
         failed = f" ({t['rows_failed']} rows failed, left out)" if t["rows_failed"] else ""

@@ -39,18 +39,24 @@ from gnn_policy.scoring import ConfigTable, config_table, score_all, score_some,
 from gnn_policy.space import TileConfig
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "pretrained.pt"
+Measured = dict[str, dict[str, tuple[str, float]]]  # gpu name -> problem key -> (config key, TFLOP/s)
 
 
-def save_checkpoint(model: PolicyModel, path: str | Path, members: Sequence[PolicyModel] = ()) -> None:
-    """Write `model` (and an ensemble's other `members`, of the same ModelConfig) in the format
-    `Policy.load` reads (ModelConfig + state_dict [+ members' state_dicts], safe for
-    `torch.load(weights_only=True)`); written then renamed, so a kill leaves no half file."""
+def save_checkpoint(model: PolicyModel, path: str | Path, members: Sequence[PolicyModel] = (),
+                    measured: Measured | None = None) -> None:
+    """Write `model` (and an ensemble's other `members`, of the same ModelConfig, and the winners
+    a fine-tune `measured`) in the format `Policy.load` reads (ModelConfig + state_dict [+ members'
+    state_dicts] [+ measured], safe for `torch.load(weights_only=True)`); written then renamed, so
+    a kill leaves no half file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     state = {"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}
     if members:
         state["members"] = [m.state_dict() for m in members]
+    if measured:
+        state["measured"] = {gpu: {key: [config, tflops] for key, (config, tflops) in wins.items()}
+                             for gpu, wins in measured.items()}
     torch.save(state, tmp)
     os.replace(tmp, path)
 
@@ -107,6 +113,9 @@ class Pick:
     config: TileConfig
     probability: float
     predicted_tflops: float
+    # the config a fine-tune measured best for this problem on this GPU: predicted_tflops is that
+    # measurement, to be shown as it is rather than calibrated
+    measured: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +133,11 @@ class Scores:
 
 
 class Policy:
-    def __init__(self, model: PolicyModel, members: Sequence[PolicyModel] = ()):
+    def __init__(self, model: PolicyModel, members: Sequence[PolicyModel] = (), measured: Measured | None = None):
         self.model = model.eval()
+        # gpu name -> problem key -> (config key, TFLOP/s): the best config a fine-tune measured for
+        # each problem it tuned, which `top_k` picks first on that GPU (a measurement beats a prediction)
+        self.measured: Measured = {gpu: dict(wins) for gpu, wins in (measured or {}).items()}
         # an ensemble's other members (same ModelConfig): they rescore the first member's VOTE best
         self.members = tuple(m.eval() for m in members)
         for m in self.members:
@@ -154,11 +166,19 @@ class Policy:
             except RuntimeError as exc:
                 which = f"member {i}'s weights" if i else "its weights"
                 raise CheckpointError(f"{path}: {which} do not fit its model_config ({weights_fault(exc)})") from None
-        return cls(models[0], models[1:])
+        measured = {gpu: {key: (config, float(tflops)) for key, (config, tflops) in wins.items()}
+                    for gpu, wins in state.get("measured", {}).items()}
+        for wins in measured.values():
+            for key, (config, _) in wins.items():
+                try:
+                    TileConfig.from_key(config)
+                except ValueError as exc:
+                    raise CheckpointError(f"{path}: its measured winner for {key} is not a config ({exc})") from None
+        return cls(models[0], models[1:], measured)
 
     def first(self) -> Policy:
         """The first member alone, one model's scoring without the vote (a single policy is itself)."""
-        return Policy(self.model) if self.members else self
+        return Policy(self.model, measured=self.measured) if self.members else self
 
     def features(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The model's inputs for one problem on one GPU: graph batch, spec vector, GPU index, valid mask."""
@@ -251,9 +271,10 @@ class Policy:
         the best log probability + `COST_WEIGHT` x predicted log TFLOP/s, then the others by
         probability. That rule raised the first checkpoints' val top-1 among measured configs
         from 0.904 to 0.944 at the same best of 8 (docs/BENCHMARKS.md).
+        Either way, a config a fine-tune measured best for this problem on this GPU comes first.
         """
         if self.model.cfg.cost_model == 1:
-            return self._top_k_scored(problem, gpu, k)
+            return self._measured_first(problem, gpu, self._top_k_scored(problem, gpu, k), k)
         h, mask = self._encode(problem, gpu)
         beams, logp = self.model.beam_search(h, mask, max(k, RERANK))
         tflops = self.cost(h, problem, gpu, beams)[0].exp()
@@ -262,7 +283,19 @@ class Policy:
         if picks:
             first = first_pick([math.log(p.probability) for p in picks], [math.log(p.predicted_tflops) for p in picks])
             picks.insert(0, picks.pop(first))
-        return picks[:k]
+        return self._measured_first(problem, gpu, picks[:k], k)
+
+    def _measured_first(self, problem: GemmProblem, gpu: GpuSpec, picks: list[Pick], k: int) -> list[Pick]:
+        """`picks` led by the config a fine-tune measured best for the problem on this GPU, if
+        there is one the policy's space holds and today's rules allow."""
+        known = self.measured.get(gpu.name, {}).get(problem.key)
+        if known is None or k < 1:
+            return picks
+        config = TileConfig.from_key(known[0])
+        probability = dict(self.rank(problem, gpu, [config])).get(config)
+        if not probability:  # outside the space, or invalid under a rule added since
+            return picks
+        return [Pick(config, probability, known[1], measured=True)] + [p for p in picks if p.config != config][:k - 1]
 
     def _top_k_scored(self, problem: GemmProblem, gpu: GpuSpec, k: int) -> list[Pick]:
         s, points = self.scores(problem, gpu), self.model.space.points

@@ -86,13 +86,15 @@ def run(args: TuneArgs) -> dict:
     elapsed_ms = round(1e3 * (time.perf_counter() - start), 2)
     # a displayed figure is a calibrated one, never above the roofline
     fits = calibration.load(args.checkpoint or DEFAULT_CHECKPOINT)
-    shown = displayed([p.predicted_tflops for p in picks], problem, gpu, fits, policy)
+    # ... and a fine-tune's measurement of a pick is shown as measured
+    shown = [(p.predicted_tflops, False) if p.measured else fig
+             for p, fig in zip(picks, displayed([p.predicted_tflops for p in picks], problem, gpu, fits, policy))]
     out = {"problem": problem.key, "gpu": gpu.name, "prediction_ms": elapsed_ms,
            "roofline_tflops": significant(calibration.bound_tflops(problem, gpu)),
-           "calibrated": bool(shown) and shown[0][1],
+           "calibrated": any(fitted for p, (_, fitted) in zip(picks, shown) if not p.measured),
            "picks": [{"config": p.config.key, "fields": dataclasses.asdict(p.config),
                       "probability": round(p.probability, 5), "predicted_tflops": significant(tf),
-                      "predicted_us": significant(problem.flops / (tf * 1e6))}
+                      "predicted_us": significant(problem.flops / (tf * 1e6)), "finetune_measured": p.measured}
                      for p, (tf, _) in zip(picks, shown)]}
     if args.measure:
         out.update(_measure(problem, gpu, [p.config for p in picks], out["picks"]))
@@ -135,9 +137,11 @@ def table(out: dict) -> str:
              f"{'#':>2}  {'config':<40} {'prob':>8} {'pred TF/s':>10} {'pred us':>9}"
              + ("  measured" if "cublas_tflops" in out else "")]
     for i, p in enumerate(out["picks"], 1):
-        lines.append(f"{i:>2}  {p['config']:<40} {p['probability']:>8.4f} {p['predicted_tflops']:>10g} "
-                     f"{p['predicted_us']:>9g}"
+        lines.append(f"{i:>2}  {p['config'] + ('*' if p['finetune_measured'] else ''):<40} {p['probability']:>8.4f} "
+                     f"{p['predicted_tflops']:>10g} {p['predicted_us']:>9g}"
                      + (f"  {p['measured_tflops']}" if "measured_tflops" in p else ""))
+    if any(p["finetune_measured"] for p in out["picks"]):
+        lines.append("* measured on this GPU by the fine-tune that wrote the checkpoint: its TFLOP/s are that measurement")
     if "cublas_tflops" in out:
         lines.append(f"best measured {out['best_measured_tflops']} TFLOP/s, cuBLAS {out['cublas_tflops']}: "
                      f"{out['best_vs_cublas']}x")

@@ -416,3 +416,24 @@ def test_replayed_scoring_takes_the_first_measured_problems_and_says_when_there_
     assert [p.key for p in got] == [p.key for p in drawn[3::2]][:EVAL_PROBLEMS]
     with pytest.raises(ValueError, match="no test problem has rows of H200-SXM-141GB-sm16"):
         evaluation_problems(Stored(set()), "H200-SXM-141GB-sm16", set(), "test")
+
+
+def test_a_fine_tune_keeps_each_tuning_problems_best_measured_config_as_its_first_pick(tmp_path, bounded_ckpt,
+                                                                                      monkeypatch):
+    from graphs import GemmProblem
+    from gnn_policy.measure.result import CUBLAS
+
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    card = run(_args(tmp_path, bounded_ckpt, budget="12", strategy="calibrate"))
+    tuned = Policy.load(tmp_path / "out" / "h200.pt")
+    assert set(card["measured_winners"]) == set(card["problems"])
+    with Database(tmp_path / "m.sqlite") as db:
+        for key, win in card["measured_winners"].items():
+            rows = {k: v for k, v in db.tflops(H200.name, key, "real").items() if k != CUBLAS}
+            assert win["config"] == max(rows, key=rows.get)
+            first = tuned.top_k(GemmProblem.from_key(key), H200, 2)[0]
+            assert (first.config.key, first.measured) == (win["config"], True)
+            assert first.predicted_tflops == pytest.approx(rows[win["config"]])
+    # a simulated run measured nothing on a GPU: it keeps no winners
+    sim = run(_args(tmp_path, bounded_ckpt, gpu="h100", simulate=True, budget="6", rounds=1, output=str(tmp_path / "s")))
+    assert sim["measured_winners"] == {} and not Policy.load(tmp_path / "s" / "h100.simulated.pt").measured.get("H100-SXM5-80GB")

@@ -203,3 +203,47 @@ def test_every_shipped_checkpoint_loads_and_picks_within_its_space(path):
     picks = policy.top_k(P, H200, 4)
     assert len(picks) == 4 and all(p.config in policy.model.space for p in picks)
     assert all(not violations(p.config, H200, P.dtype, P.k) for p in picks)
+
+
+def _with_winner(tmp_path, checkpoint, measured) -> Policy:
+    from gnn_policy.policy import save_checkpoint
+
+    path = tmp_path / "tuned.pt"
+    save_checkpoint(Policy.load(checkpoint).model, path, measured=measured)
+    return Policy.load(path)
+
+
+def test_a_fine_tunes_measured_winner_is_picked_first_on_its_gpu_and_problem_alone(tmp_path, checkpoint):
+    from gnn_policy.tune import TuneArgs, run, table
+
+    plain = Policy.load(checkpoint).top_k(P, H200, 4)
+    winner = plain[3].config  # a config the model ranks fourth, measured best on this GPU
+    policy = _with_winner(tmp_path, checkpoint, {H200.name: {P.key: (winner.key, 123.4)}})
+    picks = policy.top_k(P, H200, 4)
+    assert (picks[0].config, picks[0].predicted_tflops, picks[0].measured) == (winner, 123.4, True)
+    assert picks[0].probability == pytest.approx(plain[3].probability, rel=1e-5)  # the model's, unchanged
+    assert [p.config for p in picks[1:]] == [p.config for p in plain[:3]] and len(picks) == 4
+    assert policy.top_k(GemmProblem(32, 4096, 4096), H200, 4)[0].measured is False  # another problem
+    assert policy.top_k(P, hardware_specs.load("h100"), 1)[0].measured is False  # another GPU
+    out = run(TuneArgs(m=P.m, n=P.n, k=P.k, bias=True, activation="gelu", gpu="h200", checkpoint=str(tmp_path / "tuned.pt")))
+    assert out["picks"][0]["predicted_tflops"] == 123.4 and out["picks"][0]["finetune_measured"]
+    assert f"{winner.key}*" in table(out) and "measured on this GPU by the fine-tune" in table(out)
+
+
+def test_a_measured_winner_the_rules_now_refuse_is_not_picked(tmp_path, checkpoint):
+    invalid = TileConfig(256, 256, 128, num_stages=8)  # far more shared memory than the H200 has
+    assert violations(invalid, H200, P.dtype, P.k)
+    policy = _with_winner(tmp_path, checkpoint, {H200.name: {P.key: (invalid.key, 500.0)}})
+    assert [p.config for p in policy.top_k(P, H200, 3)] == [p.config for p in Policy.load(checkpoint).top_k(P, H200, 3)]
+
+
+@pytest.mark.parametrize("measured, needle", [({"H200": {"p": ["c", -1.0]}}, "measured winners are not"),
+                                              ({"H200": ["c"]}, "measured winners are not"),
+                                              ({"H200": {"p": ["bm7", 1.0]}}, "measured winner for p is not a config")])
+def test_a_checkpoint_with_malformed_measured_winners_is_refused_by_name(tmp_path, checkpoint, measured, needle):
+    from gnn_policy.checkpoint import CheckpointError
+
+    state = torch.load(checkpoint, weights_only=True)
+    torch.save({**state, "measured": measured}, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=needle):
+        Policy.load(tmp_path / "bad.pt")

@@ -76,6 +76,21 @@ def score(policy: Policy, spec, db: Database, problems: list[GemmProblem]) -> Sc
     return Score(_geomean(top1), _geomean(best8), len(problems))
 
 
+def served(start: Policy, adapted: Policy, spec, db: Database, tuned: list[GemmProblem], winners: dict) -> dict:
+    """On the problems the fine-tune tuned on (the ones a user serves), geomean fractions of best
+    known: the start's first pick among the stored configs, and the unguarded run's: its measured
+    winner where it measured the problem (what `top_k` then picks first), else its first pick."""
+    fractions = []
+    for p in tuned:
+        if p.key in winners:
+            best = max(v for k, v in db.tflops(spec.name, p.key).items() if k != CUBLAS)
+            fractions.append(winners[p.key]["tflops"] / best)
+        else:
+            fractions.append(score(adapted, spec, db, [p]).top1)
+    return {"problems": len(tuned), "measured": len(winners), "start": score(start, spec, db, tuned).top1,
+            "winners": _geomean(fractions)}
+
+
 def _order(policy: Policy, p, spec, configs: list, first: int) -> list[int]:
     """`Policy.top_k`'s order on these configs: best predicted then one of each group
     (cost_model 1); the first pick then the others by probability (cost_model 0)."""
@@ -111,7 +126,8 @@ def replay_run(db: Database, db_path: str, gpu: str, checkpoint: str, strategy: 
     out = {"gpu": spec.name, "checkpoint": checkpoint, "strategy": strategy, "budget": budget, "seed": seed,
            "split": split, "settings": settings, "tuned": card["problems"],
            "start": dataclasses.asdict(score(start, spec, db, problems)),
-           "unguarded": dataclasses.asdict(score(adapted, spec, db, problems))}
+           "unguarded": dataclasses.asdict(score(adapted, spec, db, problems)),
+           "served": served(start, adapted, spec, db, tuned, card["measured_winners"])}
     with Database(args.db) as own:
         for least in MIN_SCORED_JUDGED:
             judged = cross_fit(start, tuned, spec, own, "real", args.plan, args.rounds, seed, min_scored=least,
@@ -161,6 +177,22 @@ def summarise(runs: list[dict], least: int = MIN_SCORED, every_fold: bool = EVER
             name = "unguarded" if guard == "unguarded" else "guarded (held-out pairs)" if rank else \
                 f"guarded ({least}+ configs" + (", every fold)" if every_fold else ")")
             lines.append(f"| {gpu} | {Path(ck).stem} | {strategy} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summarise_served(runs: list[dict]) -> str:
+    """Markdown: per target and checkpoint, the start's first pick on the tuned problems and the
+    run's measured winners there, by budget (means over seeds)."""
+    budgets = sorted({r["budget"] for r in runs})
+    lines = ["| GPU | checkpoint | tuned problems: start / measured winner | " + " | ".join(f"B={b}" for b in budgets)
+             + " |", "|---|---|---|" + "---|" * len(budgets)]
+    for gpu, ck in dict.fromkeys((r["gpu"], r["checkpoint"]) for r in runs if "served" in r):
+        cells = []
+        for b in budgets:
+            cell = [r["served"] for r in runs if (r["gpu"], r["checkpoint"], r["budget"]) == (gpu, ck, b) and "served" in r]
+            cells.append(f"{statistics.mean(c['start'] for c in cell):.3f} / {statistics.mean(c['winners'] for c in cell):.3f}"
+                         if cell else "-")
+        lines.append(f"| {gpu} | {Path(ck).stem} | | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -225,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(replay_run(db, ns.db, gpu, ck, strategy, budget, seed, Path(work), ns.split, **settings))
             out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")  # a killed call keeps what finished
     print("\n\n".join([summarise(runs, least, every) for least in MIN_SCORED_JUDGED for every in (False, True)]
-                      + [summarise(runs, rank=True)]))
+                      + [summarise(runs, rank=True), summarise_served(runs)]))
 
 
 if __name__ == "__main__":

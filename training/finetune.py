@@ -273,25 +273,31 @@ def run(args: FinetuneArgs) -> dict:
                     tracker.log({"finetune/round": rnd + 1,
                                  "finetune/spent": db.count_since(spec.name, source, state["since"]),
                                  **{f"finetune/grad_norm_{k}": v[-1] for k, v in norms.items() if v}})
+            # the tuning problems are the ones the user serves: their best measured configs are kept
+            # for `top_k` to pick first, whichever weights the guard keeps (a simulation measured nothing)
+            wins = winners(start_policy, problems, spec, db, source) if source == "real" else {}
+            memory = {gpu: w for gpu, w in (start_policy.measured
+                                            | {spec.name: start_policy.measured.get(spec.name, {}) | wins}).items() if w}
             if args.guard and "guard" not in state:
                 start = Policy.load(start_path)
                 check = cross_fit(start, problems, spec, db, source, args.plan, args.rounds, args.seed)
                 state["guard"] = dataclasses.asdict(check) | {"kept": check.kept}
                 if check.kept == "start":
-                    save_checkpoint(start.model, weights, start.members)
+                    save_checkpoint(start.model, weights, start.members, memory)
                 elif check.kept == "calibrated":
                     calibrated = calibrated_only(start, problems, spec, db, source, args.plan, args.rounds, args.seed)
-                    save_checkpoint(calibrated.model, weights, calibrated.members)
+                    save_checkpoint(calibrated.model, weights, calibrated.members, memory)
                 else:
-                    save_checkpoint(policy.model, weights, policy.members)
+                    save_checkpoint(policy.model, weights, policy.members, memory)
                 _save_state(state_path, state, budget)
             elif not args.guard:
-                save_checkpoint(policy.model, weights, policy.members)
+                save_checkpoint(policy.model, weights, policy.members, memory)
         budget.spent_count = db.count_since(spec.name, source, state["since"])
     card = {"job": "finetune", "gpu": spec.name, "source": source, "checkpoint": weights.name,
             "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,
             "spent_seconds": round(budget.spent_seconds, 1), "problems": [p.key for p in problems],
             "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()},
+            "measured_winners": {key: {"config": c, "tflops": round(tf, 2)} for key, (c, tf) in wins.items()},
             "guard": state.get("guard"), "model": model.record(problems) if model else None}
     _write_atomic(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
     if tracker is not None:
@@ -300,6 +306,22 @@ def run(args: FinetuneArgs) -> dict:
                                 **{f"finetune/grad_norm_mean_{k}": v for k, v in card["grad_norm_mean"].items()}})
         tracker.finish()
     return card
+
+
+def winners(policy, problems: list, spec, db, source: str) -> dict[str, tuple[str, float]]:
+    """Problem key -> (config key, TFLOP/s) of the best correct config measured on this GPU for
+    each problem, among those the policy can pick (its space, today's validity rules)."""
+    from gnn_policy.measure.result import CUBLAS
+    from training.guard import usable
+
+    out = {}
+    for p in problems:
+        figures = {k: v for k, v in db.tflops(spec.name, p.key, source).items() if k != CUBLAS}
+        configs = usable(policy, p, spec, figures)
+        if configs:
+            best = max(configs, key=lambda c: figures[c.key])
+            out[p.key] = (best.key, figures[best.key])
+    return out
 
 
 def _tracker(args: FinetuneArgs, gpu: str):
