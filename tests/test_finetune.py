@@ -437,3 +437,26 @@ def test_a_fine_tune_keeps_each_tuning_problems_best_measured_config_as_its_firs
     # a simulated run measured nothing on a GPU: it keeps no winners
     sim = run(_args(tmp_path, bounded_ckpt, gpu="h100", simulate=True, budget="6", rounds=1, output=str(tmp_path / "s")))
     assert sim["measured_winners"] == {} and not Policy.load(tmp_path / "s" / "h100.simulated.pt").measured.get("H100-SXM5-80GB")
+
+
+def test_a_budget_smaller_than_a_round_per_problem_still_reaches_every_problem(tmp_path, bounded_ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    card = run(_args(tmp_path, bounded_ckpt, budget="16", problems=8, rounds=4, guard=False))
+    with Database(tmp_path / "m.sqlite") as db:
+        counts = [len(db.measured(H200.name, "real", problem=key)) for key in card["problems"]]
+    assert len(counts) == 8 and counts == [2] * 8  # 4 a round over 8 problems: each twice, none left out
+
+
+def test_every_tuning_problems_first_measurement_is_the_starts_pick_so_its_winner_is_never_below_it(
+        tmp_path, bounded_ckpt, monkeypatch):
+    from graphs import GemmProblem
+
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    card = run(_args(tmp_path, bounded_ckpt, budget="8", problems=4, rounds=4, guard=False,
+                     strategy="calibrate", calibration_lr=1e-1))  # a large step: later rounds pick otherwise
+    start = Policy.load(bounded_ckpt)
+    with Database(tmp_path / "m.sqlite") as db:
+        for key, win in card["measured_winners"].items():
+            rows = db.tflops(H200.name, key, "real")
+            first = start.top_k(GemmProblem.from_key(key), H200, 1)[0].config.key
+            assert first in rows and win["tflops"] >= rows[first]

@@ -37,7 +37,8 @@ from training.finetune_measure import measure_round, measurer
 
 # raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard,
 # 4: strategies, measurements chosen for information, the bounded model's first-pick rule in the guard,
-# 5: an ensemble adapts every member and is judged by its vote; the calibration's learning rate 3e-4)
+# 5: an ensemble adapts every member and is judged by its vote; the calibration's learning rate 3e-4;
+# the first round measures every problem's start pick, and a round's remainder goes on where the last stopped)
 ADAPT_VERSION = 5
 
 

@@ -135,6 +135,8 @@ def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: 
     budget.spent_count = db.count_since(spec.name, measure.source, since)
     timed = budget.count is None
     share = -(-budget.left() // rounds_left) if not timed else 0
+    if rnd == 0 and not timed:  # every problem's first measurement is the start's own pick, where the budget allows:
+        share = max(share, min(len(problems), budget.left()))  # a winner kept for it is then never below that pick
     seconds = (budget.seconds - budget.spent_seconds) / rounds_left if timed else 0.0
     out: dict = {}
     round_start = time.monotonic()
@@ -157,8 +159,10 @@ def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: 
         for i, p in enumerate(problems):
             if timed:  # two at a time, up to the measurements the adaptation holds (`Budget.cap`)
                 n = min(2, budget.left()) if time.monotonic() - round_start < seconds else 0
-            else:  # the round's share split evenly (at most what is left); the remainder rotates over problems
-                n = min(share // len(problems) + ((i - rnd) % len(problems) < share % len(problems)), budget.left())
+            else:  # the round's share split evenly (at most what is left); the remainder goes on from where
+                # the measurements so far stopped, so every problem gets its turn (a step of one a round left some without)
+                extra = share % len(problems)
+                n = min(share // len(problems) + ((i - budget.spent_count) % len(problems) < extra), budget.left())
             if n <= 0:
                 continue
             known = db.tflops(spec.name, p.key, measure.source)
