@@ -82,9 +82,9 @@ def served(start: Policy, adapted: Policy, spec, db: Database, tuned: list[GemmP
     winner where it measured the problem (what `top_k` then picks first), else its first pick."""
     fractions = []
     for p in tuned:
-        if p.key in winners:
-            best = max(v for k, v in db.tflops(spec.name, p.key).items() if k != CUBLAS)
-            fractions.append(winners[p.key]["tflops"] / best)
+        if p.key in winners:  # the replayed figure of the winner, as the start's pick is scored
+            figures = {k: v for k, v in db.tflops(spec.name, p.key).items() if k != CUBLAS}
+            fractions.append(figures[winners[p.key]["config"]] / max(figures.values()))
         else:
             fractions.append(score(adapted, spec, db, [p]).top1)
     return {"problems": len(tuned), "measured": len(winners), "start": score(start, spec, db, tuned).top1,
