@@ -12,7 +12,8 @@
 # failed case, in this call or the one before on the same warm machine), collect
 # (random-train, resumes from the shipped shards), slices (random-train on SM slices sm64, sm32, sm96 and sm16
 # of the GPU that came, $SLICES to choose, 800 problems x 50 configs, at most 100 GFLOP), sweep200 (the H200's random-test split swept
-# densely, resuming: 1,000 configs a problem, then refinement and confirm; an H200 only).
+# densely, resuming: 1,000 configs a problem, then refinement and confirm; an H200 only), sweep48 (issue 22's
+# held-out slice: the first 40 random-test problems swept densely on 48 SMs of whichever GPU came, resuming).
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
 export TQDM_DISABLE=1  # progress bars of a scripted call only bloat its logs (a collect's ran to 100 KB)
@@ -54,6 +55,12 @@ for stage in "$@"; do
       timeout $L python3 -m gnn_policy.cli sweep --db /tmp/s.sqlite --split random-test --problems 80 \
         --configs 1000 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit $(mins $((L-50))) \
         --timeout 10 --compile-timeout 60 --shard-dir $R/s > $R/sweep.log 2>&1 ;;
+    sweep48)
+      case "$GPU" in *H200*) B=h200;; *) B=h100;; esac
+      GNN_POLICY_DB=/tmp/s48.sqlite python3 -m gnn_policy.cli stats > $R/sweep48_stats.log 2>&1; L=$(left)
+      timeout $L python3 -m gnn_policy.cli sweep --gpu $B-sm48 --db /tmp/s48.sqlite --split random-test --problems 40 \
+        --configs 1000 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit $(mins $((L-50))) \
+        --timeout 10 --compile-timeout 60 --shard-dir $R/s > $R/sweep48.log 2>&1 ;;
     e2e)
       # resumes from the rows shipped for this GPU (the script skips the rows its --out holds)
       mkdir -p $R/e2e; case "$GPU" in *H200*) D=H200-SXM-141GB;; *H100*) D=H100-SXM5-80GB;; *) D=none;; esac
