@@ -54,9 +54,10 @@ def save_checkpoint(model: PolicyModel, path: str | Path, members: Sequence[Poli
     state = {"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}
     if members:
         state["members"] = [m.state_dict() for m in members]
-    if measured:
-        state["measured"] = {gpu: {key: [config, tflops] for key, (config, tflops) in wins.items()}
-                             for gpu, wins in measured.items()}
+    kept = {gpu: {key: [config, tflops] for key, (config, tflops) in wins.items()}
+            for gpu, wins in (measured or {}).items() if wins}
+    if kept:
+        state["measured"] = kept
     torch.save(state, tmp)
     os.replace(tmp, path)
 
@@ -198,10 +199,14 @@ class Policy:
     def predicted(self, problem: GemmProblem, gpu: GpuSpec, configs: torch.Tensor) -> torch.Tensor:
         """Predicted log TFLOP/s [1, C] of knob indices configs [1, C, knobs]: an ensemble's mean
         over its members (its vote, as `scores` takes it among the VOTE best), else `cost`'s."""
+        return self.each_predicted(problem, gpu, configs).mean(0)
+
+    @torch.no_grad()
+    def each_predicted(self, problem: GemmProblem, gpu: GpuSpec, configs: torch.Tensor) -> torch.Tensor:
+        """Each member's predicted log TFLOP/s [members, 1, C] of knob indices configs [1, C, knobs]."""
         graph, spec, index, _ = self.features(problem, gpu)
         dims = problem_vector(problem, gpu)[None]
-        return torch.stack([m.cost(m.encode(graph, spec, index), configs, dims)
-                            for m in (self.model, *self.members)]).mean(0)
+        return torch.stack([m.cost(m.encode(graph, spec, index), configs, dims) for m in (self.model, *self.members)])
 
     @torch.no_grad()
     def _encode(self, problem: GemmProblem, gpu: GpuSpec) -> tuple[torch.Tensor, torch.Tensor]:

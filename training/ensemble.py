@@ -1,7 +1,7 @@
 """`gnn-policy ensemble`: checkpoints of one recipe (seeds) joined into one policy checkpoint.
 
 The first member scores every valid config of a problem, as a single policy does; the others
-rescore its best `policy.HEAD` and the mean of the members decides (`Policy._ensemble`). Seeds
+rescore its best `policy.VOTE` and the mean of the members decides (`Policy._vote`). Seeds
 of one recipe differ by as much as a doubling of the data (docs/BENCHMARKS.md, "More data or
 another seed?"), and their mean picks better than the mean seed; rescoring the head only keeps
 a new shape within the latency target, where scoring everything three times did not.

@@ -277,8 +277,7 @@ def run(args: FinetuneArgs) -> dict:
             # the tuning problems are the ones the user serves: their best measured configs are kept
             # for `top_k` to pick first, whichever weights the guard keeps (a simulation measured nothing)
             wins = winners(start_policy, problems, spec, db, source) if source == "real" else {}
-            memory = {gpu: w for gpu, w in (start_policy.measured
-                                            | {spec.name: start_policy.measured.get(spec.name, {}) | wins}).items() if w}
+            memory = start_policy.measured | {spec.name: start_policy.measured.get(spec.name, {}) | wins}
             if args.guard and "guard" not in state:
                 start = Policy.load(start_path)
                 check = cross_fit(start, problems, spec, db, source, args.plan, args.rounds, args.seed)

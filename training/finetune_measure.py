@@ -110,16 +110,13 @@ def _ensemble(policy, problem, spec, configs: list):
     every other GPU embedding it learned, with the spec unchanged."""
     import torch
 
-    from gnn_policy.cost_features import problem_vector
-
     graph, spec_vec, index, _ = policy.features(problem, spec)
     idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
+    own = policy.each_predicted(problem, spec, idx)[:, 0]
     rows = [torch.tensor([i]) for i in range(len(policy.model.cfg.gpu_names) + 1) if i != index.item()]
-    dims = problem_vector(problem, spec)[None]
     with torch.no_grad():
-        own = [m.cost(m.encode(graph, spec_vec, index), idx, dims) for m in (policy.model, *policy.members)]
-        others = [policy.model.cost(policy.model.encode(graph, spec_vec, r), idx, dims) for r in rows]
-    return torch.cat([torch.stack(own).mean(0)] + (own if policy.members else []) + others)
+        others = [policy.cost(policy.model.encode(graph, spec_vec, r), problem, spec, idx) for r in rows]
+    return torch.cat([own.mean(0, keepdim=True)] + ([own] if policy.members else []) + others)
 
 
 def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: int, rng, save, since: int,
