@@ -102,16 +102,15 @@ def _copy(src: Path, dst: Path) -> None:
     """Copy a gnn-policy database through SQLite's backup API; a kill mid-copy leaves no `dst`."""
     import sqlite3
 
+    from gnn_policy.atomic import replacing
     from gnn_policy.database import Database
 
-    partial = dst.with_name(dst.name + ".partial")
-    with Database(src, create=False) as source:
+    with Database(src, create=False) as source, replacing(dst) as partial:
         target = sqlite3.connect(partial)
         try:
             source.conn.backup(target)
         finally:
             target.close()
-    os.replace(partial, dst)
 
 
 def shard_kind(kind: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -32,6 +31,7 @@ from graphs import GemmProblem
 from graphs.build import problem_graph
 from hardware_specs import GpuSpec
 from hardware_specs.features import GpuVocab, spec_vector
+from gnn_policy.atomic import replacing
 from gnn_policy.checkpoint import CheckpointError, model_fields, read_checkpoint, weights_fault
 from gnn_policy.cost_features import problem_vector
 from gnn_policy.model import LOG_ROOF, ModelConfig, PolicyModel, bound_dims, weights_version
@@ -48,9 +48,6 @@ def save_checkpoint(model: PolicyModel, path: str | Path, members: Sequence[Poli
     a fine-tune `measured`) in the format `Policy.load` reads (ModelConfig + state_dict [+ members'
     state_dicts] [+ measured], safe for `torch.load(weights_only=True)`); written then renamed, so
     a kill leaves no half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     state = {"model_config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict()}
     if members:
         state["members"] = [m.state_dict() for m in members]
@@ -58,8 +55,8 @@ def save_checkpoint(model: PolicyModel, path: str | Path, members: Sequence[Poli
             for gpu, wins in (measured or {}).items() if wins}
     if kept:
         state["measured"] = kept
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        torch.save(state, tmp)
 
 
 RERANK = 16  # the first pick comes from this many most probable configs ...

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from graphs import GemmProblem
+from gnn_policy.atomic import replacing
 from gnn_policy.database import Database
 from gnn_policy.db_schema import problem_from_fields
 from gnn_policy.measure.result import CUBLAS, Measurement, Retime
@@ -62,16 +63,9 @@ def _write(path: Path, rows: list[dict]) -> int:
         return 0
     if path.exists():
         raise FileExistsError(f"{path}: shards are append-only; choose a new name")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")  # a kill mid-write must not leave a shard that cannot load
-    try:
-        with gzip.open(partial, "wt") as f:
-            for row in rows:
-                f.write(json.dumps(_compact(row), sort_keys=True) + "\n")
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)  # a full disk leaves no half shard behind
-        raise
+    with replacing(path) as partial, gzip.open(partial, "wt") as f:  # a half shard could not load
+        for row in rows:
+            f.write(json.dumps(_compact(row), sort_keys=True) + "\n")
     return len(rows)
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
+from gnn_policy.atomic import write_text
 from gnn_policy.args import flag
 
 
@@ -54,9 +54,7 @@ def run(args: EnsembleArgs) -> dict:
     card = {"checkpoint": out.name, "job": "ensemble", "members": [_card(Path(m)) for m in args.member],
             "model_config": dataclasses.asdict(models[0].cfg)}
     card_path = out.with_name(out.stem + ".card.json")
-    tmp = card_path.with_name(card_path.name + ".tmp")
-    tmp.write_text(json.dumps(card, indent=1) + "\n")
-    os.replace(tmp, card_path)
+    write_text(card_path, json.dumps(card, indent=1) + "\n")
     return {"checkpoint": str(out), "card": str(card_path), "members": list(args.member)}
 
 

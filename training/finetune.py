@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import random
 import re
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from graphs.problem import DTYPES
 from gnn_policy.args import at_least, flag, int_list, one_of, positive
+from gnn_policy.atomic import write_text
 from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
 from gnn_policy.interrupts import on_interrupt
@@ -299,7 +299,7 @@ def run(args: FinetuneArgs) -> dict:
             "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()},
             "measured_winners": {key: {"config": c, "tflops": round(tf, 2)} for key, (c, tf) in wins.items()},
             "guard": state.get("guard"), "model": model.record(problems) if model else None}
-    _write_atomic(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
+    write_text(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
     if tracker is not None:
         kept = (state.get("guard") or {}).get("kept", "adapted")
         tracker.summary.update({"finetune/spent": budget.spent_count, "finetune/kept_adapted": kept == "adapted",
@@ -346,12 +346,5 @@ def _resume_state(path: Path, plan: dict, high_water: int) -> dict:
 
 def _save_state(path: Path, state: dict, budget: Budget) -> None:
     state["spent_seconds"] = budget.spent_seconds
-    _write_atomic(path, json.dumps(state))
+    write_text(path, json.dumps(state))
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write, then rename over: a kill leaves the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
