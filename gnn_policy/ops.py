@@ -182,15 +182,18 @@ def _outside_level() -> int:
     return level
 
 
-@functools.lru_cache(maxsize=1)
-def _policy():
-    """The policy of $GNN_POLICY_CHECKPOINT or the shipped checkpoint; None (warned once) if absent.
+@functools.lru_cache(maxsize=8)
+def _policy(checkpoint: str | None = None):
+    """The policy of `checkpoint`, else of $GNN_POLICY_CHECKPOINT or the shipped checkpoint; None
+    (warned once) if the latter is absent. A named `checkpoint` that cannot load is an error.
 
     Loaded on the first call that needs it: the policy imports torch_geometric, which a
     caller passing its own configs never pays for.
     """
     from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy
 
+    if checkpoint is not None:
+        return Policy.load(checkpoint)
     path = Path(os.environ.get("GNN_POLICY_CHECKPOINT") or DEFAULT_CHECKPOINT)
     try:
         return Policy.load(path)
@@ -200,20 +203,23 @@ def _policy():
 
 
 @functools.lru_cache(maxsize=4096)
-def policy_config(problem: GemmProblem, gpu: hardware_specs.GpuSpec) -> TileConfig | None:
+def policy_config(problem: GemmProblem, gpu: hardware_specs.GpuSpec,
+                  checkpoint: str | None = None) -> TileConfig | None:
     """The policy's most probable valid config for `problem` on `gpu`, cached per problem;
-    None when there is no checkpoint or the dtype is one the policy was not trained on."""
+    None when there is no checkpoint or the dtype is one the policy was not trained on.
+    `checkpoint`: a path, in place of $GNN_POLICY_CHECKPOINT or the shipped one."""
     if problem.dtype not in POLICY_DTYPES:
         return None
-    policy = _policy()
+    policy = _policy(checkpoint)
     picks = policy.top_k(problem, gpu, 1) if policy is not None else []
     return picks[0].config if picks else None
 
 
-def chosen_config(problem: GemmProblem, gpu: hardware_specs.GpuSpec) -> tuple[TileConfig, str]:
+def chosen_config(problem: GemmProblem, gpu: hardware_specs.GpuSpec,
+                  checkpoint: str | None = None) -> tuple[TileConfig, str]:
     """The config `matmul` runs for `problem` without one given, and where it came from:
     "policy" (its top-1) or "default" (`default_config`: fp32, or no checkpoint)."""
-    picked = policy_config(problem, gpu)
+    picked = policy_config(problem, gpu, checkpoint)
     if picked is not None:
         return picked, "policy"
     return default_config(problem.m, problem.n, problem.k, problem.dtype, gpu, problem.batch), "default"
@@ -242,9 +248,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
 
 def matmul_and_config(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
                       activation: str | None = None, residual: torch.Tensor | None = None,
-                      config: TileConfig | None = None) -> tuple[torch.Tensor, TileConfig | None]:
+                      config: TileConfig | None = None,
+                      checkpoint: str | None = None) -> tuple[torch.Tensor, TileConfig | None]:
     """`matmul`, and the config that ran: the pick, or its pointer-load fallback where these
-    tensors' alignment refuses TMA (which `chosen_config` cannot know); None for an empty batch."""
+    tensors' alignment refuses TMA (which `chosen_config` cannot know); None for an empty batch.
+    `checkpoint` picks from that policy instead of $GNN_POLICY_CHECKPOINT's or the shipped one."""
     if config is not None and not isinstance(config, TileConfig):
         raise TypeError(f"matmul: config must be a gnn_policy.TileConfig, got {type(config).__name__}")
     m, n, k, out_shape = _check_operands(a, b)
@@ -261,7 +269,7 @@ def matmul_and_config(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | 
         batch = out_shape[0] if len(out_shape) == 3 else 1
         problem = GemmProblem(m, n, k, batch=batch, dtype=dtype, a_layout=_layout(a), b_layout=_layout(b),
                               bias=bias is not None, activation=activation, residual=residual is not None)
-        chosen, _ = chosen_config(problem, gpu)
+        chosen, _ = chosen_config(problem, gpu, checkpoint)
         try:
             return launch(a, b, chosen, bias=bias, activation=activation, residual=residual), chosen
         except LayoutError:  # a chosen config may fall back (pointer alignment); an explicit one never does

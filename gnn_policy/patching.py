@@ -10,6 +10,7 @@ Every `nn.Linear` becomes a `TritonLinear` that shares its parameters and runs
 cached, see `gnn_policy.ops.policy_config`; a call like one before goes straight to a
 prepared launch, `gnn_policy.kernels.plan`). A layer keeps its config per input signature
 for its life: after switching the checkpoint or $GNN_POLICY_GPU, patch the model again.
+`patch(model, checkpoint=PATH)` picks from that checkpoint's policy instead of the default one.
 
 Where torch.fx can trace the model, the patterns `graphs.capture` folds are fused too: a
 Linear whose only user is an activation the template computes (relu, exact gelu, silu) and/or
@@ -27,6 +28,7 @@ result (type promotion, broadcasting to a larger shape) is added by torch after 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
 import torch.fx
@@ -80,11 +82,13 @@ class TritonLinear(nn.Linear):
     """An `nn.Linear` (same parameters, same state_dict) that runs the Triton template, with an
     optional fused activation and residual add: act(x W^T + b) + residual."""
 
-    def __init__(self, linear: nn.Linear, activation: str | None = None, residual: bool = False):
+    def __init__(self, linear: nn.Linear, activation: str | None = None, residual: bool = False,
+                 checkpoint: str | None = None):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.activation, self.residual = activation, residual
+        self.checkpoint = checkpoint  # the policy that picks; None: $GNN_POLICY_CHECKPOINT's or the shipped one
         # kept out of _modules, so the state_dict holds the parameters once: unpatch puts it back
         object.__setattr__(self, "original", linear)
         # per call signature: the config, then (from the second call) its launch plan, or NO_PLAN
@@ -127,7 +131,8 @@ class TritonLinear(nn.Linear):
         wt = self.weight.t()
         known = self._plans.get(key)
         if known is None:
-            y, config = ops.matmul_and_config(x2, wt, bias=bias, activation=self.activation, residual=r2)
+            y, config = ops.matmul_and_config(x2, wt, bias=bias, activation=self.activation, residual=r2,
+                                              checkpoint=self.checkpoint)
             if len(self._plans) >= MAX_PLANS:  # many distinct token counts: start over rather than grow
                 self._plans.clear()
             self._plans[key] = (config, None)
@@ -155,7 +160,7 @@ def _residual_operand(add: torch.fx.Node | None, last: torch.fx.Node) -> torch.f
     return other if isinstance(other, torch.fx.Node) and other is not last else None
 
 
-def _fuse(model: nn.Module) -> torch.fx.GraphModule:
+def _fuse(model: nn.Module, checkpoint: str | None) -> torch.fx.GraphModule:
     """A traced copy of `model` (sharing its parameters) with every Linear chain as one TritonLinear."""
     gm = torch.fx.symbolic_trace(model)
     modules = dict(gm.named_modules())
@@ -168,7 +173,7 @@ def _fuse(model: nn.Module) -> torch.fx.GraphModule:
         # a layer called at several places keeps one module: it fuses nothing
         plain = node.target in shared or node.kwargs or len(node.args) != 1 or (act is None and add is None)
         _set_module(gm, node.target, TritonLinear(modules[node.target], None if plain else activation,
-                                                  not plain and add is not None))
+                                                  not plain and add is not None, checkpoint))
         if plain:
             continue
         last = add or act
@@ -185,25 +190,31 @@ def _fuse(model: nn.Module) -> torch.fx.GraphModule:
     return gm
 
 
-def patch(model: nn.Module, fuse: bool = True) -> nn.Module:
+def patch(model: nn.Module, fuse: bool = True, checkpoint: str | Path | None = None) -> nn.Module:
     """The model with the Triton template under its Linear layers (see the module docstring).
 
     `fuse=False` swaps the Linear layers in place without tracing (keeps the model's class and
-    methods, e.g. a `generate`, at the cost of the fused epilogues).
+    methods, e.g. a `generate`, at the cost of the fused epilogues). `checkpoint`: the policy
+    that picks (say one `gnn-policy finetune` wrote, with its measured winners) instead of
+    $GNN_POLICY_CHECKPOINT's or the shipped one; loaded here, so a path that does not hold a
+    policy is an error before anything changes.
     """
     if any(isinstance(m, TritonLinear) for m in model.modules()):
         raise ValueError("gnn_policy.patch: this model is already patched; unpatch it first")
+    if checkpoint is not None:
+        checkpoint = str(Path(checkpoint).resolve())
+        ops._policy(checkpoint)
+    if type(model) is nn.Linear:  # fx would trace its forward into F.linear, leaving nothing to swap
+        return TritonLinear(model, checkpoint=checkpoint)
     if fuse:
         try:
-            return _fuse(model)
+            return _fuse(model, checkpoint)
         except Exception as exc:  # noqa: BLE001 - fx fails in many ways; every one means "cannot trace"
             warnings.warn(f"gnn_policy.patch: torch.fx cannot trace {type(model).__name__} ({type(exc).__name__}: "
                           f"{exc}); its Linear layers are swapped in place and no epilogue is fused", stacklevel=2)
-    if type(model) is nn.Linear:
-        return TritonLinear(model)
     for name, module in list(model.named_modules()):
         if name and type(module) is nn.Linear:
-            _set_module(model, name, TritonLinear(module))
+            _set_module(model, name, TritonLinear(module, checkpoint=checkpoint))
     return model
 
 

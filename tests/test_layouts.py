@@ -25,7 +25,7 @@ class RecordingPolicy:
 def policy(monkeypatch):
     ops.policy_config.cache_clear()
     recording = RecordingPolicy()
-    monkeypatch.setattr(ops, "_policy", lambda: recording)
+    monkeypatch.setattr(ops, "_policy", lambda checkpoint=None: recording)
     yield recording
     ops.policy_config.cache_clear()
 

@@ -28,7 +28,7 @@ def test_no_config_runs_the_policys_top1_and_caches_it(fresh_caches):
     assert relative_error(out, reference(a, b, bias=bias, activation="gelu")) < 1e-2
     problem = GemmProblem(24, 40, 48, dtype="fp16", b_layout="col", bias=True, activation="gelu")
     assert ops.policy_config.cache_info().currsize == 1
-    chosen = ops.policy_config(problem, gpu)  # a cache hit: the problem matmul built is this one
+    chosen = ops.policy_config(problem, gpu, None)  # a cache hit: matmul asked this, for no named checkpoint
     assert ops.policy_config.cache_info().hits == 1
     assert chosen == Policy.load().top_k(problem, gpu, 1)[0].config
     assert not violations(chosen, gpu, "fp16", 48)

@@ -190,3 +190,30 @@ def test_a_patched_layer_copies_and_pickles_without_its_plans():
         with torch.no_grad():
             assert torch.equal(other(torch.ones(2, 16, dtype=torch.float16)), want)
     assert ("a", "signature") in layer._plans  # the original keeps its own
+
+
+def test_patch_picks_from_a_named_checkpoint_and_refuses_one_that_is_not_there(tmp_path):
+    import hardware_specs
+    from graphs import GemmProblem
+    from gnn_policy.policy import DEFAULT_CHECKPOINT, Policy, save_checkpoint
+
+    h200 = hardware_specs.load("h200")  # the rules the interpreter applies
+    problem = GemmProblem(6, 48, 32, dtype="fp16", b_layout="col", bias=True)  # nn.Linear's weight, 6 tokens
+    shipped = Policy.load(DEFAULT_CHECKPOINT)
+    winner = shipped.top_k(problem, h200, 4)[3].config  # what the shipped policy ranks fourth
+    tuned = tmp_path / "tuned.pt"
+    save_checkpoint(shipped.model, tuned, shipped.members, measured={h200.name: {problem.key: (winner.key, 1.0)}})
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 48).half()
+    x = torch.randn(6, 32, dtype=torch.float16)
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        gnn_policy.patch(layer, checkpoint=tmp_path / "missing.pt")
+    with torch.inference_mode():
+        want = layer(x)
+        patched = gnn_policy.patch(layer, checkpoint=tuned)
+        got = patched(x)
+        default = gnn_policy.patch(nn.Linear(32, 48).half())
+        default(x)
+    assert [config for config, _ in patched._plans.values()] == [winner]  # the fine-tune's measured winner
+    assert [config for config, _ in default._plans.values()] != [winner]
+    assert relative_error(got, want.double()) < TOLERANCE[torch.float16]
