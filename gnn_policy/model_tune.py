@@ -190,7 +190,8 @@ def run(args: Any) -> dict:
         if pick.measured:  # a fine-tune measured it on this GPU: shown as measured
             tflops = pick.predicted_tflops
         else:
-            tflops, fitted = displayed([pick.predicted_tflops], problem, gpu, fits, policy)[0]
+            tflops, calibrated = displayed([pick.predicted_tflops], problem, gpu, fits, policy)[0]
+            fitted = fitted or calibrated  # as `tune` says it: whether any shown prediction is calibrated
         row.update(shape=shape(problem), problem=problem.key, layouts=f"{problem.a_layout}/{problem.b_layout}",
                    epilogue=epilogue(problem), pick=pick.config.key, predicted_tflops=significant(tflops),
                    finetune_measured=pick.measured)
