@@ -230,3 +230,38 @@ def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_setting
     alone = run(_args(tmp_path, work=str(tmp_path / "empty")))
     assert alone["runs"] == 0 and "picks have no row in" in capsys.readouterr().out
     assert all(float(r["top1"]) == 0.01 for r in csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
+
+
+def test_a_replayed_transfer_chooses_among_stored_configs_and_values_them_as_stored(tmp_path):
+    import json
+
+    from gnn_policy.collect import CollectArgs, run as collect
+
+    source = str(tmp_path / "source.sqlite")
+    for split, configs in (("train", 12), ("test", 24)):  # fine-tunes tune on train, the methods are scored on test
+        collect(CollectArgs(db=source, gpu="l40s", split=split, problems=2, configs=configs, runner="fake_runner:measure"))
+    with Database(source) as db:
+        figures = {p.key: {k: v for k, v in db.tflops(L40S.name, p.key).items() if k != "cublas"}
+                   for p in db.problems(L40S.name)}
+    out = run(_args(tmp_path, simulate=False, replay=source, runner="no.such:runner"))  # no GPU, no runner
+    rows = list(csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
+    assert {(r["method"], r["budget"]) for r in rows} == {(m, b) for m in ("meta", "plain", "scratch") for b in ("0", "4")} \
+        | {("random", "4"), ("evolutionary", "4")} | {(m, "") for m in ("analytic", "triton_tutorial", "inductor_mm")}
+    assert out["problems"] == 2 and {r["source"] for r in rows} == {"replayed real"}
+    assert "replayed real labels" in out["report"]
+    # every pick is a stored config of its problem, valued at its stored figure over the best stored
+    picks = [json.loads(line) for line in (tmp_path / "out" / "runs.jsonl").read_text().splitlines()]
+    for run_ in picks:
+        for problem, keys in run_["picks"].items():
+            assert all(k is None or k in figures[problem] for k in keys)
+    for r in rows:
+        stored = figures[r["problem"]]
+        assert any(abs(float(r["top1"]) - round(v / max(stored.values()), 4)) < 1e-9 for v in stored.values()) \
+            or float(r["top1"]) == 0.01
+    # --db is never written; the methods' rows went to an evaluation database of the replay's own
+    assert not (tmp_path / "eval.sqlite").exists() and list((tmp_path / "work").glob("replay-*.sqlite"))
+    with Database(next((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) as db:  # a fine-tune's own B rows
+        assert db.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 4
+    with pytest.raises(ValueError, match="--replay answers from stored real rows, --simulate"):
+        _args(tmp_path, replay=source)
+    assert with_folders(TransferArgs(target="h200", replay=source)).out == "docs/data/transfer/h200-sxm-141gb-replay"

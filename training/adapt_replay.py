@@ -70,7 +70,7 @@ def score(policy: Policy, spec, db: Database, problems: list[GemmProblem]) -> Sc
         configs = usable(policy, p, spec, figures)
         best = max(figures.values())
         first = first_choice(policy, p, spec, configs)
-        order = _order(policy, p, spec, configs, first)
+        order = top_k_order(policy, p, spec, configs, first)
         top1.append(figures[configs[first].key] / best)
         best8.append(max(figures[configs[i].key] for i in order[:8]) / best)
     return Score(_geomean(top1), _geomean(best8), len(problems))
@@ -91,7 +91,7 @@ def served(start: Policy, adapted: Policy, spec, db: Database, tuned: list[GemmP
             "winners": _geomean(fractions)}
 
 
-def _order(policy: Policy, p, spec, configs: list, first: int) -> list[int]:
+def top_k_order(policy: Policy, p, spec, configs: list, first: int) -> list[int]:
     """`Policy.top_k`'s order on these configs: best predicted then one of each group
     (cost_model 1); the first pick then the others by probability (cost_model 0)."""
     import torch

@@ -17,7 +17,12 @@ Every policy's top 8 picks on every test problem are then measured in --db, whic
 known. top-1 is the first pick's TFLOP/s over best known, top-8 the best of the 8 (a search's
 or a list's best found counts as both), geomean over problems; a failed pick scores 0.01.
 With --simulate the analytic model gives every label and best known is its optimum over the
-valid space (so `analytic` is the oracle there): a dry run of the protocol on the CPU.
+valid space (so `analytic` is the oracle there): a dry run of the protocol on the CPU. With
+--replay DB the target's real rows stored in DB answer every measurement: each method chooses
+among a problem's stored configs (a policy ranks those, a search draws and breeds among them,
+a named list keeps the members stored), best known is the best stored, and the fine-tunes tune
+on the target's stored train-split problems (`finetune --replay`): the protocol on real labels,
+on the CPU, for a target with a dense test split and train rows (the H200's snapshot).
 
 Writes transfer.csv (one row per method, budget, seed and problem), transfer.md,
 transfer.png (transfer.partial.* while --time-limit leaves runs undone), and one offline W&B
@@ -93,6 +98,9 @@ class TransferArgs:
     steps: int = flag(FinetuneArgs.steps, "gradient steps per fine-tune round (finetune's default)", check=at_least(0))
     lr: float = flag(FinetuneArgs.lr, "learning rate of the fine-tunes (finetune's default)", check=positive)
     simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")
+    replay: str = flag("", "answer every measurement from the target's real rows stored in this database (a CPU "
+                           "run on real labels): every method chooses among a problem's stored configs, best "
+                           "known is the best of them, fine-tunes tune on the stored train-split problems")
     runner: str = flag("gnn_policy.measure.runner:measure_configs", "measuring function (package.module:function)",
                        check=runner_path)
     timeout: float = flag(120.0, "seconds a config may take on the GPU before it is a timeout", check=positive)
@@ -111,6 +119,8 @@ class TransferArgs:
                                     "transfer.csv in --out (written on a GPU machine without wandb, say)")
 
     def __post_init__(self) -> None:
+        if self.replay and self.simulate:
+            raise ValueError("--replay answers from stored real rows, --simulate from the analytic model: choose one")
         most = max(int(b) for b in self.budgets.split(","))
         if most > PER_PROBLEM * self.tune_problems:  # each fine-tune would refuse it, after the runs before it
             raise ValueError(f"--budgets {most}: a fine-tune measures at most {PER_PROBLEM} per tuning problem, "
@@ -155,6 +165,7 @@ def with_folders(args: TransferArgs) -> TransferArgs:
         folder = Path(args.out).name
     else:
         raise TransferError("give --target (or, with --report-only, --out)")
+    folder += "-replay" if args.replay else ""  # replayed runs never mix with measured ones
     return dataclasses.replace(args, out=args.out or f"docs/data/transfer/{folder}",
                                work=args.work or f"runs/transfer/{folder}")
 
@@ -175,7 +186,8 @@ def run(args: TransferArgs) -> dict:
     from gnn_policy.database import Database
     from gnn_policy.measure.simulator import load_fitted
     from gnn_policy.policy import Policy
-    from gnn_policy.search import local_measurer
+    from gnn_policy.measure.replay import ReplayPool
+    from gnn_policy.search import Measurer, local_measurer
     from gnn_policy.snapshot import load_shipped, run_stamp
 
     spec = hardware_specs.load(args.target)
@@ -185,23 +197,32 @@ def run(args: TransferArgs) -> dict:
     analytic = load_fitted(args.analytic)
     space_ = Policy.load(args.plain).model.space  # every method searches the space the policies rank
     source = "simulated" if args.simulate else "real"
+    label = "replayed real" if args.replay else source
+    pool = ReplayPool(args.replay, spec.name) if args.replay else None
     counts: defaultdict = defaultdict(int)
     rows: list[dict] = []
     with Database(_evaluation_db(args)) as db, contextlib.ExitStack() as stack:
-        exporting = bool(args.shard_dir) and not args.simulate
+        exporting = bool(args.shard_dir) and not (args.simulate or args.replay)
         if exporting and db.meta(EXPORTED):  # rows of a killed run, shipped before new shards arrive after them
             counts["shard_rows"] += _export(db, args, spec.name, f"{run_stamp()}-recovered")
-        load_shipped(db)
+        if pool is None:  # a replay's figures are its database's alone
+            load_shipped(db)
         if exporting:
             db.set_meta(EXPORTED, json.dumps(db.high_water()))
         # the split's problems collected first, with seed 0 as `collect` draws them (test: the dense sweeps)
         problems = select_problems(args.split, args.problems, 0)
-        if not args.simulate:
+        if pool is not None:
+            problems = [p for p in problems if pool.figures(p)]
+        elif not args.simulate:
             problems = [p for p in problems if db.best_known(spec.name, p.key)]  # a Triton best known to compare with
         if not problems:
-            raise TransferError(f"no {args.split}-split problem is measured on {spec.name} in {args.db}: collect them first")
-        measure = stack.enter_context(local_measurer(db, spec, counts, args.runner, args.timeout,
-                                                     simulated=analytic if args.simulate else None))
+            raise TransferError(f"no {args.split}-split problem is measured on {spec.name} in "
+                                f"{args.replay or args.db}: collect them first")
+        if pool is not None:
+            measure = Measurer(db, spec, pool, None, counts)
+        else:
+            measure = stack.enter_context(local_measurer(db, spec, counts, args.runner, args.timeout,
+                                                         simulated=analytic if args.simulate else None))
         log = TransferLog(Path(args.out) / RUN_LOG)
         stack.enter_context(on_interrupt(lambda: f"{counts['runs']} runs finished this call, kept in {log.path}; "
                                                  f"measurements stored in {db.path}; run the same command again to "
@@ -215,6 +236,8 @@ def run(args: TransferArgs) -> dict:
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         left, counts["runs"] = 0, 0
         digests = {name: file_digest(getattr(args, name)) for name in ("meta", "plain", "analytic")}
+        if pool is not None:
+            digests["replay"] = file_digest(args.replay)
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
             tune = transfer_picks.finetune_settings(args, method, spec.name, source, space_, digests) \
                 if method in POLICIES and budget else {}
@@ -225,18 +248,24 @@ def run(args: TransferArgs) -> dict:
                     left += 1
                     continue
                 picks, kept = transfer_picks.method_picks(args, method, budget, seed, spec, problems, measure,
-                                                          analytic, space_, fingerprint(tune), digests["plain"])
+                                                          analytic, space_, fingerprint(tune), digests["plain"],
+                                                          pool.offers if pool is not None else None)
                 if exporting:  # after every run: a killed call loses at most the run in flight
                     counts["shard_rows"] += _export(db, args, spec.name, f"{run_stamp()}-{method}-B{budget}-s{seed}")
                     db.set_meta(EXPORTED, json.dumps(db.high_water()))
                 log.add(settings, method, budget, seed, picks, kept)
                 counts["runs"] += 1
-            rows += [{"target": spec.name, "split": args.split, "source": source, "method": method, "budget": budget,
+            rows += [{"target": spec.name, "split": args.split, "source": label, "method": method, "budget": budget,
                       "seed": seed, "problem": p.key, "kept": kept or "", "picks": picks[p.key]} for p in problems]
         # picks are config keys, valued now: re-timings since a run count, as they do in best known
-        known = {p.key: db.tflops(spec.name, p.key, source) for p in problems}
-        stored = {p.key: {c for _, c in db.measured(spec.name, source, problem=p.key)} for p in problems}
-        best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
+        if pool is not None:
+            known = {p.key: pool.figures(p) for p in problems}
+            stored = {p.key: pool.offers(p) for p in problems}
+            best = {p.key: max(known[p.key].values()) for p in problems}
+        else:
+            known = {p.key: db.tflops(spec.name, p.key, source) for p in problems}
+            stored = {p.key: {c for _, c in db.measured(spec.name, source, problem=p.key)} for p in problems}
+            best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
     unstored = sum(k is not None and k not in stored[r["problem"]] for r in rows for k in r["picks"])
     if unstored:
         print(f"{unstored} picks have no row in {_evaluation_db(args)} and score as failures: load the shards "
@@ -248,7 +277,7 @@ def run(args: TransferArgs) -> dict:
     out = Path(args.out)
     done = len(jobs) - left
     if left:
-        partial = write_report(rows, budgets, out, spec.name, source, PARTIAL,
+        partial = write_report(rows, budgets, out, spec.name, label, PARTIAL,
                                f"Partial: {done} of {len(jobs)} runs finished (--time-limit); run again to finish.")
         return {"target": spec.name, "problems": len(problems), **counts, "stopped_by_time_limit": 1,
                 "report": f"stopped by --time-limit after {done} of {len(jobs)} runs; run again to finish "
@@ -256,7 +285,7 @@ def run(args: TransferArgs) -> dict:
                           f"the finished runs' {PARTIAL}.md so far:\n{partial}"}
     for stale in out.glob(f"{PARTIAL}.*"):
         stale.unlink()
-    report = write_report(rows, budgets, out, spec.name, source)
+    report = write_report(rows, budgets, out, spec.name, label)
     if args.wandb:
         log_wandb(args, rows, spec.name)
     return {"target": spec.name, "problems": len(problems), **counts, "report": report}
@@ -278,7 +307,10 @@ def _export(db, args: TransferArgs, target: str, stamp: str) -> int:
 
 def _evaluation_db(args: TransferArgs) -> Path:
     """--db; under --simulate a database of the analytic model's own (one per model file), so
-    neither simulated rows of another model nor the real database enter the comparison."""
+    neither simulated rows of another model nor the real database enter the comparison; under
+    --replay one per replayed file, holding the rows the methods asked for."""
+    if args.replay:
+        return Path(args.work) / f"replay-{file_digest(args.replay)[:12]}.sqlite"
     if not args.simulate:
         return Path(args.db)
     import hashlib

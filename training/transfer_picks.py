@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+from graphs import GemmProblem
 
 from training.finetune import ADAPT_VERSION, FinetuneArgs
 from training.transfer_log import fingerprint
@@ -29,6 +31,8 @@ def run_settings(args: TransferArgs, method: str, target: str, source: str, prob
     settings = {"version": PICKS_VERSION, "target": target, "split": args.split, "source": source,
                 "problems": [p.key for p in problems], "runner": args.runner, "timeout": args.timeout,
                 "space": [space_.name, space_.knobs]}
+    if args.replay:  # labels from these stored rows, candidates among them
+        settings["replay"] = digests["replay"]
     if method in POLICIES:
         settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch: plain's architecture
         settings.update(tune)
@@ -48,14 +52,20 @@ def finetune_settings(args: TransferArgs, method: str, target: str, source: str,
            "adapt": ADAPT_VERSION}
     if args.simulate:  # the fine-tune's labels come from the analytic model
         out["analytic"] = digests["analytic"]
+    if args.replay:
+        out["replay"] = digests["replay"]
     return out
 
 
 def method_picks(args: TransferArgs, method: str, budget: int | None, seed: int, spec, problems, measure,
-                 analytic, space_, tune: str, plain_digest: str) -> tuple[dict[str, list], str | None]:
+                 analytic, space_, tune: str, plain_digest: str,
+                 offered: Callable[[GemmProblem], set[str]] | None = None) -> tuple[dict[str, list], str | None]:
     """Problem key -> config keys of the method's picks (top-1 first; a search's or a list's best
     found alone, None if nothing worked), and for a fine-tune which weights its guard kept.
-    Every problem is searched at once, so each step's configs compile together."""
+    Every problem is searched at once, so each step's configs compile together. With `offered`
+    (a replay's stored config keys of a problem) every method chooses among those alone: a
+    policy's top 8 in `Policy.top_k`'s order, a search's and the analytic model's candidates,
+    the named lists' members."""
     from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
@@ -63,10 +73,13 @@ def method_picks(args: TransferArgs, method: str, budget: int | None, seed: int,
     searches = []
     for p in problems:
         rng = random.Random(f"{seed}:{method}:{p.key}")
+        keys = offered(p) if offered is not None else None
         if policy is not None:
-            searches.append((p, given([pick.config for pick in policy.top_k(p, spec, 8)])))
+            searches.append((p, given(_top8(policy, p, spec, keys))))
             continue
         valid = valid_configs(space_, spec, p)
+        if keys is not None:
+            valid = [c for c in valid if c.key in keys]
         if method == "analytic":
             scores = analytic.predict_tflops(p, valid, spec)
             search = given([valid[i] for i in sorted(range(len(valid)), key=lambda i: -scores[i])[:8]])
@@ -75,7 +88,8 @@ def method_picks(args: TransferArgs, method: str, budget: int | None, seed: int,
         elif method == "evolutionary":
             search = evolutionary_search(valid, space_, budget, rng)
         else:
-            search = fixed_list(NAMED_LISTS[method], spec, p, len(NAMED_LISTS[method]))
+            named = NAMED_LISTS[method]
+            search = fixed_list([c for c in named if keys is None or c.key in keys], spec, p, len(named))
         searches.append((p, search))
     out = {}
     for (p, _), trace in zip(searches, run_searches(searches, measure)):
@@ -85,6 +99,19 @@ def method_picks(args: TransferArgs, method: str, budget: int | None, seed: int,
             found = [(v, c.key) for c, v in trace if v is not None]
             out[p.key] = [max(found)[1]] if found else [None]
     return out, kept
+
+
+def _top8(policy, problem, spec, keys: set[str] | None) -> list:
+    """The policy's first 8 picks, among `keys` alone when given (what a replay can answer)."""
+    if keys is None:
+        return [pick.config for pick in policy.top_k(problem, spec, 8)]
+    from training.adapt_replay import top_k_order
+    from training.guard import first_choice, usable
+
+    configs = usable(policy, problem, spec, keys)
+    if not configs:
+        return []
+    return [configs[i] for i in top_k_order(policy, problem, spec, configs, first_choice(policy, problem, spec, configs))[:8]]
 
 
 def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str, plain_digest: str):
@@ -108,7 +135,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
         output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
         strategy=args.strategy, steps=args.steps, lr=args.lr, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
-        runner=args.runner,
+        runner=args.runner, replay=args.replay,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
         tags=(f"method={method}", f"budget={budget}", f"seed={seed}"), wandb=args.wandb))
     guard = card["guard"]

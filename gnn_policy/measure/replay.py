@@ -52,6 +52,10 @@ class ReplayPool:
         """The config keys a replay can answer for this problem."""
         return set(self.stored.get(problem.key, ()))
 
+    def figures(self, problem: GemmProblem) -> dict[str, float]:
+        """TFLOP/s of each correct stored config of this problem (best known is the largest)."""
+        return {k: m.tflops for k, m in self.stored.get(problem.key, {}).items() if m.status == "ok"}
+
     def run(self, problem: GemmProblem, configs: Sequence[TileConfig]) -> Iterator[Measurement]:
         rows = self.stored.get(problem.key, {})
         for c in configs:
