@@ -265,3 +265,5 @@ def test_a_replayed_transfer_chooses_among_stored_configs_and_values_them_as_sto
     with pytest.raises(ValueError, match="--replay answers from stored real rows, --simulate"):
         _args(tmp_path, replay=source)
     assert with_folders(TransferArgs(target="h200", replay=source)).out == "docs/data/transfer/h200-sxm-141gb-replay"
+    with pytest.raises(ValueError, match="--tune-split random-test is the split evaluated"):
+        TransferArgs(split="random-test", tune_split="random-test")

@@ -2,7 +2,7 @@
 
 For each budget B (total measurements on the target) and seed:
 - `meta`, `plain`: the meta-pretrained and the plain checkpoint, both trained without the
-  target (refused otherwise), fine-tuned on the target's train-split problems with B
+  target (refused otherwise), fine-tuned on the target's train-split problems (--tune-split) with B
   measurements (B = 0: as they are). Each fine-tune has its own database, so it learns from
   its own B measurements alone, never from the snapshot.
 - `scratch`: a randomly initialised policy of the plain checkpoint's architecture,
@@ -91,7 +91,9 @@ class TransferArgs:
                       check=one_of(*SPLIT_NAMES))
     problems: int = flag(40, "the split's first N problems in collection order (for test, a dense sweep's), "
                              "those measured on the target, to evaluate on (0: the whole split)", check=at_least(0))
-    tune_problems: int = flag(8, "train-split problems each fine-tune spends its budget on", check=at_least(1))
+    tune_problems: int = flag(8, "problems of --tune-split each fine-tune spends its budget on", check=at_least(1))
+    tune_split: str = flag("train", "split the fine-tunes tune on (random-train with a random evaluation split); "
+                                    "never the evaluated one", check=one_of(*SPLIT_NAMES))
     rounds: int = flag(4, "fine-tune rounds", check=at_least(1))
     strategy: str = flag(FinetuneArgs.strategy, "what the fine-tunes adapt (finetune's --strategy and default)",
                          check=one_of(*STRATEGIES))
@@ -119,6 +121,8 @@ class TransferArgs:
                                     "transfer.csv in --out (written on a GPU machine without wandb, say)")
 
     def __post_init__(self) -> None:
+        if self.tune_split == self.split:  # the tuned problems would be among those scored
+            raise ValueError(f"--tune-split {self.tune_split} is the split evaluated: tune on another")
         if self.replay and self.simulate:
             raise ValueError("--replay answers from stored real rows, --simulate from the analytic model: choose one")
         most = max(int(b) for b in self.budgets.split(","))

@@ -48,6 +48,8 @@ def finetune_settings(args: TransferArgs, method: str, target: str, source: str,
     out = {"version": PICKS_VERSION, "target": target, "source": source, "runner": args.runner,
            "timeout": args.timeout, "space": [space_.name, space_.knobs],
            "checkpoint": digests["meta" if method == "meta" else "plain"], "tune_problems": args.tune_problems,
+           # absent at its default: fine-tunes finished before --tune-split existed are reused
+           **({"tune_split": args.tune_split} if args.tune_split != "train" else {}),
            "rounds": args.rounds, "strategy": args.strategy, "steps": args.steps, "lr": args.lr,
            "adapt": ADAPT_VERSION}
     if args.simulate:  # the fine-tune's labels come from the analytic model
@@ -133,7 +135,7 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
     name = f"{method}-B{budget}-s{seed}-{tune[:8]}"
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
-        output=str(work / name), split="train", problems=args.tune_problems, rounds=args.rounds,
+        output=str(work / name), split=args.tune_split, problems=args.tune_problems, rounds=args.rounds,
         strategy=args.strategy, steps=args.steps, lr=args.lr, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
         runner=args.runner, replay=args.replay,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",
