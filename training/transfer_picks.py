@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from graphs import GemmProblem
-
 from training.finetune import ADAPT_VERSION, FinetuneArgs
+from training.transfer_args import TransferArgs
 from training.transfer_log import fingerprint
-
-if TYPE_CHECKING:  # the experiment's flags live in its entry module, which imports this one
-    from training.transfer import TransferArgs
 
 PICKS_VERSION = 1  # raise when the code that makes picks changes (top_k's rule, searches, named lists)
 POLICIES = ("meta", "plain", "scratch")

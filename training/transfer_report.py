@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from training.transfer_args import TransferArgs
 from training.transfer_picks import LISTS, POLICIES, SEARCHES, SPEC_ONLY
-
-if TYPE_CHECKING:  # the experiment's flags live in its entry module, which imports this one
-    from training.transfer import TransferArgs
 
 
 def summary(rows: list[dict]) -> dict[tuple[str, int | None], dict[str, float]]:
