@@ -124,10 +124,10 @@ def picker(args: ExportArgs, gpu: Any) -> Callable[[GemmProblem, int, str], list
     if args.measured:
         from gnn_policy.database import Database
         from gnn_policy.measure.result import CUBLAS
-        from gnn_policy.snapshot import load_shipped
 
+        # read as it is: an export never writes into the user's database (the shipped rows are
+        # in it already when it is the one collect, tune or finetune keep)
         db = Database(args.measured, create=False)
-        load_shipped(db)
 
         def measured(problem: GemmProblem, k: int, spelling: str) -> list[TileConfig]:
             figures = db.tflops(gpu.name, problem.key)

@@ -231,3 +231,18 @@ def test_a_write_that_fails_part_way_is_one_error_and_leaves_nothing(tmp_path, c
     with pytest.raises(ExportError, match="cannot write .*No space left on device; nothing was written"):
         run(ExportArgs(out=str(tmp_path / "v"), shapes="64x64,128x64", tokens="1", gpu="h200", checkpoint=checkpoint))
     assert len(calls) == 2 and list(tmp_path.iterdir()) == []  # the folder it made is gone too
+
+
+def test_an_export_from_measurements_never_writes_into_their_database(tmp_path, monkeypatch):
+    from gnn_policy import snapshot
+
+    shipped = tmp_path / "shards"  # a shipped shard holding the problem the user's database lacks
+    other = _measured_db(tmp_path / "other.sqlite", GemmProblem(32, 256, 128, b_layout="col"))
+    with Database(other) as db:
+        snapshot.export_run(db, shipped, H200.name, "sweep", (0, 0), "t")
+    monkeypatch.setattr(snapshot, "SHIPPED", shipped)
+    db = _measured_db(tmp_path / "m.sqlite", GemmProblem(16, 256, 128, b_layout="col"))
+    before = (tmp_path / "m.sqlite").read_bytes()
+    out = run(ExportArgs(out=str(tmp_path / "v"), shapes="256x128", tokens="16,32", gpu="h200", measured=db))
+    assert (tmp_path / "m.sqlite").read_bytes() == before
+    assert [s["what"] for s in out["skipped"]] == ["256x128 at 32 tokens"]  # the user's rows alone
