@@ -126,7 +126,7 @@ def picker(args: ExportArgs, gpu: Any) -> Callable[[GemmProblem, int, str], list
         from gnn_policy.measure.result import CUBLAS
 
         # read as it is: an export never writes into the user's database (the shipped rows are
-        # in it already when it is the one collect, tune or finetune keep)
+        # in it already when it is the one collect, finetune or stats keep)
         db = Database(args.measured, create=False)
 
         def measured(problem: GemmProblem, k: int, spelling: str) -> list[TileConfig]:
