@@ -21,8 +21,9 @@ valid space (so `analytic` is the oracle there): a dry run of the protocol on th
 --replay DB the target's real rows stored in DB answer every measurement: each method chooses
 among a problem's stored configs (a policy ranks those, a search draws and breeds among them,
 a named list keeps the members stored), best known is the best stored, and the fine-tunes tune
-on the target's stored train-split problems (`finetune --replay`): the protocol on real labels,
-on the CPU, for a target with a dense test split and train rows (the H200's snapshot).
+on the target's stored --tune-split problems (`finetune --replay`): the protocol on real
+labels, on the CPU, for a target with densely swept evaluation problems and rows to tune on
+(the H200's test and train splits; the H100's random-test and random-train).
 
 Writes transfer.csv (one row per method, budget, seed and problem), transfer.md,
 transfer.png (transfer.partial.* while --time-limit leaves runs undone), and one offline W&B
