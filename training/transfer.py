@@ -76,9 +76,9 @@ def run(args: TransferArgs) -> dict:
     import hardware_specs
     from gnn_policy.collect import select_problems
     from gnn_policy.database import Database
+    from gnn_policy.measure.replay import ReplayPool
     from gnn_policy.measure.simulator import load_fitted
     from gnn_policy.policy import Policy
-    from gnn_policy.measure.replay import ReplayPool
     from gnn_policy.search import Measurer, local_measurer
     from gnn_policy.snapshot import load_shipped, run_stamp
 
