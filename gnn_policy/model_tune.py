@@ -239,6 +239,8 @@ def measure_rows(rows: list[dict], gpu: Any) -> list[dict]:
 
 def table(out: dict) -> str:
     """The rows as a text table, then what was skipped and, when measured, the totals."""
+    from gnn_policy.tune import MEASURED_NOTE
+
     figure = "calibrated" if out["calibrated"] else "not calibrated for this GPU and dtype: capped at the roofline"
     share = f" (one GPU's share at --tp {out['tp']})" if out.get("tp", 1) > 1 else ""
     lines = [f"{out['model']}{share} on {out['gpu']}: {len(out['rows'])} distinct GEMMs, picked in {out['picks_ms']} ms "
@@ -255,7 +257,7 @@ def table(out: dict) -> str:
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     if any(r.get("finetune_measured") for r in out["rows"]):
-        lines.append("* measured on this GPU by the fine-tune that wrote the checkpoint: its TFLOP/s are that measurement")
+        lines.append(MEASURED_NOTE)
     lines += [f"skipped: {s['what']}: {s['why']}" for s in out["skipped"]]
     for t in out.get("totals", []):
         failed = f" ({t['rows_failed']} rows failed, left out)" if t["rows_failed"] else ""

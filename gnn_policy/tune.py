@@ -8,6 +8,9 @@ from graphs.problem import DTYPES, EPILOGUE_ACTIVATIONS, LAYOUTS
 from gnn_policy.args import at_least, flag, one_of
 from gnn_policy.limits import check_fits
 
+# under the table where a pick's TFLOP/s is a fine-tune's measurement (`Pick.measured`), marked *
+MEASURED_NOTE = "* measured on this GPU by the fine-tune that wrote the checkpoint: its TFLOP/s are that measurement"
+
 
 @dataclasses.dataclass(frozen=True)
 class TuneArgs:
@@ -141,7 +144,7 @@ def table(out: dict) -> str:
                      f"{p['predicted_tflops']:>10g} {p['predicted_us']:>9g}"
                      + (f"  {p['measured_tflops']}" if "measured_tflops" in p else ""))
     if any(p["finetune_measured"] for p in out["picks"]):
-        lines.append("* measured on this GPU by the fine-tune that wrote the checkpoint: its TFLOP/s are that measurement")
+        lines.append(MEASURED_NOTE)
     if "cublas_tflops" in out:
         lines.append(f"best measured {out['best_measured_tflops']} TFLOP/s, cuBLAS {out['cublas_tflops']}: "
                      f"{out['best_vs_cublas']}x")

@@ -93,7 +93,11 @@ def run(args: TransferArgs) -> dict:
     pool = ReplayPool(args.replay, spec.name) if args.replay else None
     counts: defaultdict = defaultdict(int)
     rows: list[dict] = []
-    with Database(_evaluation_db(args)) as db, contextlib.ExitStack() as stack:
+    # what each run's picks depend on, read once: a replayed database is large
+    digests = {name: file_digest(getattr(args, name)) for name in ("meta", "plain", "analytic")}
+    if pool is not None:
+        digests["replay"] = file_digest(args.replay)
+    with Database(_evaluation_db(args, digests)) as db, contextlib.ExitStack() as stack:
         exporting = bool(args.shard_dir) and not (args.simulate or args.replay)
         if exporting and db.meta(EXPORTED):  # rows of a killed run, shipped before new shards arrive after them
             counts["shard_rows"] += _export(db, args, spec.name, f"{run_stamp()}-recovered")
@@ -127,9 +131,6 @@ def run(args: TransferArgs) -> dict:
         jobs += [(m, b, s) for s in seeds for b in budgets if b for m in SEARCHES]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         left, counts["runs"] = 0, 0
-        digests = {name: file_digest(getattr(args, name)) for name in ("meta", "plain", "analytic")}
-        if pool is not None:
-            digests["replay"] = file_digest(args.replay)
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
             tune = transfer_picks.finetune_settings(args, method, spec.name, source, space_, digests) \
                 if method in POLICIES and budget else {}
@@ -160,7 +161,7 @@ def run(args: TransferArgs) -> dict:
             best = {p.key: _best_known(db, spec, p, source, analytic, space_) for p in problems}
     unstored = sum(k is not None and k not in stored[r["problem"]] for r in rows for k in r["picks"])
     if unstored:
-        print(f"{unstored} picks have no row in {_evaluation_db(args)} and score as failures: load the shards "
+        print(f"{unstored} picks have no row in {_evaluation_db(args, digests)} and score as failures: load the shards "
               f"measured with {RUN_LOG}'s runs (data/measurements)")
     for r in rows:
         values = [known[r["problem"]].get(k) if k else None for k in r.pop("picks")]
@@ -197,18 +198,16 @@ def _export(db, args: TransferArgs, target: str, stamp: str) -> int:
                                        "them") from None
 
 
-def _evaluation_db(args: TransferArgs) -> Path:
+def _evaluation_db(args: TransferArgs, digests: dict[str, str]) -> Path:
     """--db; under --simulate a database of the analytic model's own (one per model file), so
     neither simulated rows of another model nor the real database enter the comparison; under
-    --replay one per replayed file, holding the rows the methods asked for."""
+    --replay one per replayed file, holding the rows the methods asked for. `digests`: the
+    files' `file_digest`s."""
     if args.replay:
-        return Path(args.work) / f"replay-{file_digest(args.replay)[:12]}.sqlite"
+        return Path(args.work) / f"replay-{digests['replay'][:12]}.sqlite"
     if not args.simulate:
         return Path(args.db)
-    import hashlib
-
-    digest = hashlib.sha256(Path(args.analytic).read_bytes()).hexdigest()[:12]
-    return Path(args.work) / f"simulated-{digest}.sqlite"
+    return Path(args.work) / f"simulated-{digests['analytic'][:12]}.sqlite"
 
 
 def _fraction(values: list, best: float) -> float:
