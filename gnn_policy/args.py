@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -76,6 +77,35 @@ def int_list(low: int) -> Callable[[str], str]:
 
     check.__name__ = "list"
     return check
+
+
+def parse_keys(text: str) -> list:
+    """--keys' GEMMs, in order, each once: comma-separated keys, or @FILE with one a line (blank
+    lines and # comments skipped). A key that names no GEMM raises ValueError naming it."""
+    from graphs import GemmProblem
+
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(f"cannot read {path} ({exc.strerror or exc})") from None
+        items = [line.split("#")[0].strip() for line in lines]
+    else:
+        items = [item.strip() for item in text.split(",")]
+    keys = [k for k in dict.fromkeys(items) if k]
+    if not keys:
+        raise ValueError(f"no problem key in {text!r}")
+    return [GemmProblem.from_key(k) for k in keys]
+
+
+def problem_keys(text: str) -> str:
+    """--keys' check: every key names a GEMM (kept as the text given)."""
+    try:
+        parse_keys(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def add_fields(parser: argparse.ArgumentParser, cls: type) -> None:

@@ -15,7 +15,8 @@ from gnn_policy.policy import Policy
 from training import adaptation, finetune, guard
 from training.adaptation import CALIBRATION
 from training.guard import CheckResult
-from training.finetune import Budget, FinetuneArgs, FinetuneError, check_gpu, run
+from training.finetune import FinetuneArgs, FinetuneError, check_gpu, run
+from training.finetune_budget import Budget
 
 H200 = hardware_specs.load("h200")
 

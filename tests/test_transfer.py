@@ -34,7 +34,7 @@ def test_a_simulated_transfer_reports_every_method_at_every_budget(tmp_path):
     out = run(_args(tmp_path))
     rows = list(csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
     runs = {(r["method"], r["budget"]) for r in rows}
-    assert runs == {(m, b) for m in ("meta", "plain", "scratch") for b in ("0", "4")} | \
+    assert runs == {(m, b) for m in ("meta", "plain", "scratch", "served") for b in ("0", "4")} | \
         {("random", "4"), ("evolutionary", "4")} | {(m, "") for m in ("analytic", "triton_tutorial", "inductor_mm")}
     assert len(rows) == 2 * len(runs) and out["problems"] == 2
     assert all(0 < float(r["top1"]) <= float(r["top8"]) <= 1 + 1e-9 for r in rows)
@@ -54,9 +54,9 @@ def test_a_simulated_transfer_reports_every_method_at_every_budget(tmp_path):
     assert counts[0] + counts[1] == counts[2] + counts[3] == 2
     assert sum(line.startswith("| meta | ") for line in md.splitlines()) == 1 + 2  # B table, then B=0 and 4
     # each fine-tune says which weights its guard kept (the verdicts themselves: the next test)
-    assert {r["kept"] for r in rows if r["budget"] == "4" and r["method"] in ("meta", "plain", "scratch")} <= \
-        {"adapted", "start", "unjudged"}
-    assert {r["kept"] for r in rows if r["budget"] != "4" or r["method"] not in ("meta", "plain", "scratch")} == {""}
+    tuned = ("meta", "plain", "scratch", "served")
+    assert {r["kept"] for r in rows if r["budget"] == "4" and r["method"] in tuned} <= {"adapted", "start", "unjudged"}
+    assert {r["kept"] for r in rows if r["budget"] != "4" or r["method"] not in tuned} == {""}
     assert "Fine-tunes that kept their adapted weights: " in md
 
     # the report and W&B runs rebuilt from the CSV alone (a GPU machine without wandb wrote it)
@@ -114,11 +114,11 @@ def test_a_time_limited_transfer_stops_between_runs_and_a_rerun_finishes(tmp_pat
     clock = iter(range(0, 10**6, 40))
     monkeypatch.setattr(transfer, "monotonic", lambda: next(clock))
     first = run(_args(tmp_path, time_limit=1.5))
-    assert first["stopped_by_time_limit"] == 1 and "after 3 of 11 runs" in first["report"]
+    assert first["stopped_by_time_limit"] == 1 and "after 3 of 13 runs" in first["report"]
     assert not (tmp_path / "out" / "transfer.csv").exists()
     # the three finished runs (B=0: meta, plain, scratch) are reported as partial
     partial = (tmp_path / "out" / "transfer.partial.md").read_text()
-    assert partial.startswith("Partial: 3 of 11 runs finished") and "| meta |" in partial and "| random |" not in partial
+    assert partial.startswith("Partial: 3 of 13 runs finished") and "| meta |" in partial and "| random |" not in partial
     # what the methods spend names only those that ran
     assert "Measurements on the target: meta, plain, scratch spend B in all; their top-8 costs 8 a problem." in partial
     assert len(list(csv.DictReader((tmp_path / "out" / "transfer.partial.csv").open()))) == 3 * 2
@@ -171,20 +171,21 @@ def test_each_fine_tune_reports_the_weights_its_guard_kept_and_a_fallback_picks_
     from training import guard
     from training.guard import CheckResult
 
-    # the fine-tunes run in the order meta, plain, scratch: meta's adaptation wins the cross-fit,
-    # plain's loses it, and scratch's cannot be judged
-    verdicts = iter([CheckResult(0.8, 0.9, 2), CheckResult(0.8, 0.7, 2), CheckResult(None, None, 0)])
+    # the fine-tunes run in the order meta, plain, scratch, served: meta's adaptation wins the
+    # cross-fit, plain's and served's lose it, and scratch's cannot be judged
+    verdicts = iter([CheckResult(0.8, 0.9, 2), CheckResult(0.8, 0.7, 2), CheckResult(None, None, 0),
+                     CheckResult(0.8, 0.7, 2)])
     monkeypatch.setattr(guard, "cross_fit", lambda *a, **k: next(verdicts))
     run(_args(tmp_path, lr=0.05))
     rows = list(csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
-    kept = {r["method"]: r["kept"] for r in rows if r["budget"] == "4" and r["method"] in ("meta", "plain", "scratch")}
-    assert kept == {"meta": "adapted", "plain": "start", "scratch": "unjudged"}
+    kept = {r["method"]: r["kept"] for r in rows if r["budget"] == "4" and r["kept"]}
+    assert kept == {"meta": "adapted", "plain": "start", "scratch": "unjudged", "served": "start"}
     picks = {(r["method"], r["budget"], r["problem"]): r["top8"] for r in rows}
-    for m in ("plain", "scratch"):  # the starting weights pick what B = 0 picks
+    for m in ("plain", "scratch", "served"):  # the starting weights pick what B = 0 picks (a simulation keeps no winners)
         assert all(v == picks[m, "0", p] for (mm, b, p), v in picks.items() if (mm, b) == (m, "4"))
     md = (tmp_path / "out" / "transfer.md").read_text()
     assert "kept their adapted weights: meta B=4. Fell back to the starting weights because the guard's " \
-           "cross-fit found them no better: plain B=4; because too few configs were measured to judge them: " \
+           "cross-fit found them no better: plain B=4, served B=4; because too few configs were measured to judge them: " \
            "scratch B=4." in md
     # a re-run reads the verdicts back from runs.jsonl
     assert run(_args(tmp_path, lr=0.05))["runs"] == 0
@@ -198,7 +199,7 @@ def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_setting
 
     first = run(_args(tmp_path))
     log = tmp_path / "out" / "runs.jsonl"
-    assert first["runs"] == 11 and len(log.read_text().splitlines()) == 11
+    assert first["runs"] == 13 and len(log.read_text().splitlines()) == 13
     with log.open("a") as f:
         f.write('{"settings": "cut short by a kill')
 
@@ -211,20 +212,22 @@ def test_a_rerun_on_a_fresh_machine_reuses_the_finished_runs_of_the_same_setting
     assert not list((tmp_path / "work").glob("meta-B4-s0-*"))
     assert "1 lines of" in capsys.readouterr().out
 
-    # other fine-tune settings: only the three fine-tunes run again, beside the old lines
+    # other fine-tune settings: only the four fine-tunes run again, beside the old lines
     changed = run(_args(tmp_path, lr=1e-2))
-    assert changed["runs"] == 3 and len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 1
+    assert changed["runs"] == 4 and len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 1
     reread = TransferLog(log)
-    assert len(reread.runs) == 14 and reread.damaged == 1  # the cut line stays alone on its line
+    assert len(reread.runs) == 17 and reread.damaged == 1  # the cut line stays alone on its line
 
     # the fine-tune's losses changed: again only the fine-tunes run
     monkeypatch.setattr("training.transfer_picks.ADAPT_VERSION", 99)
-    assert run(_args(tmp_path))["runs"] == 3
+    assert run(_args(tmp_path))["runs"] == 4
     assert len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 2  # beside lr=1e-2's, not over it
 
     # another evaluation (one problem): every run is valued again, each finished fine-tune reused
+    # but served's, which tunes on the evaluated problems
     other = run(_args(tmp_path, problems=1))
-    assert other["runs"] == 11 and len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 2
+    assert other["runs"] == 13 and len(list((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) == 2
+    assert len(list((tmp_path / "work").glob("served-B4-s0-*.sqlite"))) == 3
 
     # a database without the measurements behind the log: the picks score as failures, and it says so
     alone = run(_args(tmp_path, work=str(tmp_path / "empty")))
@@ -245,7 +248,8 @@ def test_a_replayed_transfer_chooses_among_stored_configs_and_values_them_as_sto
                    for p in db.problems(L40S.name)}
     out = run(_args(tmp_path, simulate=False, replay=source, runner="no.such:runner"))  # no GPU, no runner
     rows = list(csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
-    assert {(r["method"], r["budget"]) for r in rows} == {(m, b) for m in ("meta", "plain", "scratch") for b in ("0", "4")} \
+    assert {(r["method"], r["budget"]) for r in rows} == {(m, b) for m in ("meta", "plain", "scratch", "served")
+                                                          for b in ("0", "4")} \
         | {("random", "4"), ("evolutionary", "4")} | {(m, "") for m in ("analytic", "triton_tutorial", "inductor_mm")}
     assert out["problems"] == 2 and {r["source"] for r in rows} == {"replayed real"}
     assert "replayed real labels" in out["report"]
@@ -262,8 +266,29 @@ def test_a_replayed_transfer_chooses_among_stored_configs_and_values_them_as_sto
     assert not (tmp_path / "eval.sqlite").exists() and list((tmp_path / "work").glob("replay-*.sqlite"))
     with Database(next((tmp_path / "work").glob("meta-B4-s0-*.sqlite"))) as db:  # a fine-tune's own B rows
         assert db.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 4
+    # served spends its B on the evaluated problems themselves and picks the best it measured there,
+    # so on every problem its first pick is at least its start's, plain at B = 0
+    top1 = {(r["method"], r["budget"], r["problem"]): float(r["top1"]) for r in rows}
+    with Database(next((tmp_path / "work").glob("served-B4-s0-*.sqlite"))) as db:
+        tuned = {p.key for p in db.problems(L40S.name)}
+        assert tuned == {r["problem"] for r in rows} and db.conn.execute(
+            "SELECT COUNT(*) FROM measurements").fetchone()[0] == 4
+        for key in tuned:
+            measured = db.tflops(L40S.name, key)
+            assert top1["served", "4", key] == round(max(measured.values()) / max(figures[key].values()), 4)
+            assert top1["served", "4", key] >= top1["plain", "0", key]
     with pytest.raises(ValueError, match="--replay answers from stored real rows, --simulate"):
         _args(tmp_path, replay=source)
     assert with_folders(TransferArgs(target="h200", replay=source)).out == "docs/data/transfer/h200-sxm-141gb-replay"
     with pytest.raises(ValueError, match="--tune-split random-test is the split evaluated"):
         TransferArgs(split="random-test", tune_split="random-test")
+
+
+def test_methods_chooses_which_runs_go_and_an_unknown_one_is_refused(tmp_path):
+    out = run(_args(tmp_path, methods="plain, served,analytic"))
+    rows = list(csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
+    assert {(r["method"], r["budget"]) for r in rows} == {("plain", "0"), ("plain", "4"), ("served", "0"),
+                                                          ("served", "4"), ("analytic", "")}
+    assert out["runs"] == 5 and "| meta |" not in out["report"]
+    with pytest.raises(ValueError, match="--methods: meat, grid are not one of meta, plain, scratch, served, random"):
+        _args(tmp_path, methods="meat,plain,grid")

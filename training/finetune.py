@@ -17,48 +17,29 @@ file makes the run resumable; between rounds the adapted weights are `<gpu>.roun
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
-import re
 import sys
 from pathlib import Path
 
 from graphs.problem import DTYPES
-from gnn_policy.args import at_least, flag, int_list, one_of, positive
+from gnn_policy.args import at_least, flag, int_list, one_of, parse_keys, positive, problem_keys
 from gnn_policy.atomic import write_text
 from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
 from gnn_policy.interrupts import on_interrupt
 from gnn_policy.measure.workers import runner_path
 from training.adaptation import STRATEGIES, AdaptPlan
+from training.finetune_budget import PER_PROBLEM, Budget, FinetuneError, budget_error, budget_text
 from training.finetune_measure import measure_round, measurer
 
 # raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard,
 # 4: strategies, measurements chosen for information, the bounded model's first-pick rule in the guard,
 # 5: an ensemble adapts every member and is judged by its vote; the calibration's learning rate 3e-4;
-# the first round measures every problem's start pick, and a round's remainder goes on where the last stopped)
-ADAPT_VERSION = 5
-
-
-# Most measurements per tuning problem in one run: the adaptation's listwise and ranking losses
-# compare a problem's configs pairwise, so its memory grows with their square (measured on the
-# CPU: 2,000 configs of one problem took 0.6 GB, 20,000 took 13 GB).
-PER_PROBLEM = 2048
-
-
-class FinetuneError(RuntimeError):
-    """The run cannot start: GPU mismatch, no GPU, a bad budget."""
-
-
-def budget_text(text: str) -> str:
-    """--budget's check (the text is what the run's state records)."""
-    try:
-        Budget.parse(text)
-    except FinetuneError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--budget {text!r}: ")) from None
-    return text
+# the first round measures every problem's start pick, and a round's remainder goes on where the last stopped;
+# 6: the start pick by the policy's own first-pick rule, which is not the best predicted under every rule)
+ADAPT_VERSION = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +63,12 @@ class FinetuneArgs:
                       check=one_of("", *DTYPES))
     tp: int = flag(1, "tensor-parallel degree of a --model config: tune one GPU's share of its GEMMs, as tune "
                       "--model --tp splits them", check=at_least(1))
+    keys: str = flag("", "tune on exactly these GEMMs instead of a split's: problem keys as tune --json, stats and "
+                         "transfer.csv name them (1x16x4096x4096_bf16_rc_bgelu), comma-separated, or @FILE with "
+                         "one a line; not with --model or --split", check=problem_keys)
     problems: int = flag(8, "tuning problems, spread over the split's families (or the most of --model's "
-                            "distinct GEMMs, taken in turn from each token count)", check=at_least(1))
+                            "distinct GEMMs, taken in turn from each token count, or of --keys, in their order)",
+                         check=at_least(1))
     rounds: int = flag(4, "measure-then-adapt rounds the budget is spread over", check=at_least(1))
     strategy: str = flag("calibrate", "what adapts: calibrate (the GPU embedding and the cost head's last layer "
                                       "alone), whole (every weight), calibrate-whole (the calibration, then every "
@@ -115,6 +100,9 @@ class FinetuneArgs:
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
 
     def __post_init__(self) -> None:
+        for other in ("model", "split"):
+            if self.keys and getattr(self, other):
+                raise ValueError(f"--keys and --{other} are exclusive: --keys names the GEMMs to tune on itself")
         if self.model and self.split:
             raise ValueError(f"--model and --split {self.split} are exclusive: --model tunes on the model's own "
                              "GEMMs, --split on a suite split's problems")
@@ -126,51 +114,14 @@ class FinetuneArgs:
             raise ValueError("--dtype sets the dtype of --model's GEMMs (a split's problems carry their own): "
                              "give --model too")
         # a model's problem count is known once it is expanded: `run` checks it then
-        why = "" if self.model else budget_error(self.budget, self.problems, "--problems")
+        count = min(self.problems, len(parse_keys(self.keys))) if self.keys else self.problems
+        why = "" if self.model else budget_error(self.budget, count, "--keys" if self.keys else "--problems")
         if why:
             raise ValueError(why)
 
     @property
     def plan(self) -> AdaptPlan:
         return AdaptPlan(self.strategy, self.steps, self.lr, self.calibration_steps, self.calibration_lr)
-
-
-@dataclasses.dataclass
-class Budget:
-    """What may be spent (a count or seconds) and what was; persisted in the resume state."""
-
-    count: int | None = None
-    seconds: float | None = None
-    spent_count: int = 0
-    spent_seconds: float = 0.0
-    cap: int = 10**9  # a time budget's most measurements: what the adaptation holds (`PER_PROBLEM`)
-
-    @classmethod
-    def parse(cls, text: str) -> Budget:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
-        if not m or (not m.group(2) and "." in m.group(1)):
-            raise FinetuneError(f"--budget {text!r}: give a number of measurements (64) or a time (10m, 90s, 1h)")
-        if float(m.group(1)) == 0:
-            raise FinetuneError(f"--budget {text!r}: nothing to spend; give at least 1 measurement or a time")
-        if not m.group(2):
-            return cls(count=int(m.group(1)))
-        return cls(seconds=float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)])
-
-    def left(self) -> int:
-        """Measurements that may still start (a time budget allows up to `cap` until it is spent)."""
-        if self.count is not None:
-            return max(0, self.count - self.spent_count)
-        return max(0, self.cap - self.spent_count) if self.spent_seconds < self.seconds else 0
-
-
-
-def budget_error(budget: str, problems: int, what: str) -> str:
-    """Why a count budget is too large for `problems` tuning problems ('' when it fits)."""
-    count = Budget.parse(budget).count
-    if count is None or count <= PER_PROBLEM * problems:
-        return ""
-    return (f"--budget {count}: at most {PER_PROBLEM} measurements per tuning problem, {PER_PROBLEM * problems} "
-            f"for {problems} ({what}); more would not fit in the adaptation's memory")
 
 
 def check_gpu(spec, local, simulate: bool) -> None:
@@ -202,7 +153,8 @@ def run(args: FinetuneArgs) -> dict:
     # a bad SPEC fails before anything is written
     dtype = args.dtype or "bf16"  # of --model's GEMMs, as tune --model's default
     model = expand(args.model, args.tokens, dtype, args.tp) if args.model else None
-    split = args.split or ("" if model else "train")
+    keyed = parse_keys(args.keys) if args.keys else None
+    split = args.split or ("" if model or keyed else "train")
     budget = Budget.parse(args.budget)
     if args.replay and (args.simulate or args.snapshot):
         raise FinetuneError("--replay answers from stored real rows: it goes without --simulate, and with "
@@ -224,16 +176,16 @@ def run(args: FinetuneArgs) -> dict:
     plan = {k: getattr(args, k) for k in ("budget", "rounds", "problems", "seed", "checkpoint", "strategy", "steps",
                                           "lr", "calibration_steps", "calibration_lr", "guard", "snapshot",
                                           "analytic", "replay", "model", "tokens")} | \
-        {"split": split, "model_digest": model.digest if model else "", "adapt": ADAPT_VERSION,
+        {"keys": ",".join(p.key for p in keyed) if keyed else "", "split": split, "model_digest": model.digest if model else "", "adapt": ADAPT_VERSION,
          "start_digest": file_digest(start_path)} | ({"dtype": dtype} if model else {}) | \
         ({"tp": args.tp} if args.tp != 1 else {})  # absent at 1: states saved before --tp resume
     torch.manual_seed(args.seed)
     with Database(args.db) as db, measurer(db, spec, args, source) as measure:
         # a replay can only tune on problems it holds rows of
-        problems, note = select(split, args.problems, args.seed, model,
+        problems, note = select(split, args.problems, args.seed, model or keyed,
                                 (lambda p: bool(measure.pool.offers(p))) if args.replay else None)
         if args.replay and not problems:
-            raise FinetuneError(nothing_held(args.replay, spec.name, split, model))
+            raise FinetuneError(nothing_held(args.replay, spec.name, split, model, bool(keyed)))
         if note:
             print(f"gnn-policy finetune: {note}", file=sys.stderr, flush=True)
         too_much = model and budget_error(args.budget, len(problems), f"{model.name}'s distinct GEMMs tuned")
@@ -338,7 +290,7 @@ def _resume_state(path: Path, plan: dict, high_water: int) -> dict:
         return {"plan": plan, "since": high_water, "round": 0, "spent_seconds": 0.0}
     state = json.loads(path.read_text())
     # a state saved before --replay, ADAPT_VERSION or --model existed lacks their keys
-    if {"replay": "", "adapt": 1, "model": "", "tokens": "", "model_digest": "", **state["plan"]} != plan:
+    if {"replay": "", "adapt": 1, "model": "", "tokens": "", "model_digest": "", "keys": "", **state["plan"]} != plan:
         raise FinetuneError(f"{path} belongs to a run with {state['plan']}, not {plan}: finish that run with "
                             "the same flags, or give another --output")
     return state

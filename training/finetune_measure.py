@@ -12,7 +12,8 @@ import time
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # the run's flags and budget live in its entry module, which imports this one
-    from training.finetune import Budget, FinetuneArgs
+    from training.finetune import FinetuneArgs
+    from training.finetune_budget import Budget
 
 
 @contextlib.contextmanager
@@ -43,7 +44,7 @@ ENSEMBLE_TOP = 64  # the doubt is looked for among this many best predicted cand
 def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, offered: set | None = None) -> list:
     """Up to n unmeasured valid configs, chosen for information. A problem's measurements take
     turns over three sources (`SOURCES`), counted from what it already has:
-    - top: the policy's best predicted config, the would-be first pick, whose error costs most;
+    - top: the policy's would-be first pick, whose error costs most, then its best predicted;
     - doubt: where the model disagrees with itself: the widest spread of predicted log TFLOP/s
       (each row's relative to its own best) over an ensemble's members and the GPU read through
       each GPU embedding the policy learned, among the ENSEMBLE_TOP best predicted;
@@ -51,6 +52,7 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, 
     A replay can answer only its `offered` config keys: the candidates are then those.
     """
     from gnn_policy.space import TileConfig
+    from training.guard import first_choice
 
     space_ = policy.model.space
     mask = space_.problem_mask(spec, problem)
@@ -73,7 +75,13 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, 
     top = by_pred[:ENSEMBLE_TOP]
     spread = (rows[:, top] - rows[:, top].max(1, keepdim=True).values).std(0)
     near = set(neighbours)
-    orders = {"top": by_pred, "doubt": [top[i] for i in spread.argsort(descending=True).tolist()],
+    # led by the policy's own first pick (as `tune` and `patch` take it, or by its rule among what a
+    # replay offers), which is not the best predicted under every rule: a winner kept for the
+    # problem is then never below it
+    first = policy.top_k(problem, spec, 1)[0].config if offered is None else None
+    lead = fresh.index(first) if first in fresh else first_choice(policy, problem, spec, fresh)
+    orders = {"top": [lead] + [i for i in by_pred if i != lead],
+              "doubt": [top[i] for i in spread.argsort(descending=True).tolist()],
               "mutation": [i for i in by_pred if fresh[i] in near]}
     chosen: list[int] = []
     turn = len(known)

@@ -50,7 +50,7 @@ from gnn_policy.interrupts import on_interrupt
 from training import transfer_picks
 from training.transfer_args import TransferArgs, TransferError, check_held_out, with_folders
 from training.transfer_log import TransferLog, file_digest, fingerprint
-from training.transfer_picks import POLICIES, SEARCHES, SPEC_ONLY
+from training.transfer_args import POLICIES, SEARCHES, SPEC_ONLY
 from training.transfer_report import log_wandb, measurements_to_reach, write_report
 
 # the names the CLI and the tests import from here, wherever they live
@@ -129,10 +129,11 @@ def run(args: TransferArgs) -> dict:
         jobs = [(m, b, s) for s in seeds for b in budgets for m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
         jobs += [(m, b, s) for s in seeds for b in budgets if b for m in SEARCHES]
+        jobs = [job for job in jobs if job[0] in args.chosen_methods()]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         left, counts["runs"] = 0, 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):
-            tune = transfer_picks.finetune_settings(args, method, spec.name, source, space_, digests) \
+            tune = transfer_picks.finetune_settings(args, method, spec.name, source, space_, digests, problems) \
                 if method in POLICIES and budget else {}
             settings = transfer_picks.run_settings(args, method, spec.name, source, problems, space_, digests, tune)
             picks, kept = log.get(settings, method, budget, seed), log.kept(settings, method, budget, seed)

@@ -11,9 +11,15 @@ from gnn_policy.collect import SPLIT_NAMES
 from gnn_policy.database import DEFAULT_PATH
 from gnn_policy.measure.workers import runner_path
 from training.adaptation import STRATEGIES
-from training.finetune import PER_PROBLEM, FinetuneArgs
+from training.finetune import FinetuneArgs
+from training.finetune_budget import PER_PROBLEM
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+# the experiment's methods, in the report's order (`training.transfer_picks` makes their picks)
+POLICIES = ("meta", "plain", "scratch", "served")
+SEARCHES = ("random", "evolutionary")
+SPEC_ONLY = ("analytic", "triton_tutorial", "inductor_mm")
+METHODS = (*POLICIES, *SEARCHES, *SPEC_ONLY)
 
 
 class TransferError(RuntimeError):
@@ -48,6 +54,9 @@ class TransferArgs:
                          check=one_of(*STRATEGIES))
     steps: int = flag(FinetuneArgs.steps, "gradient steps per fine-tune round (finetune's default)", check=at_least(0))
     lr: float = flag(FinetuneArgs.lr, "learning rate of the fine-tunes (finetune's default)", check=positive)
+    methods: str = flag("", "methods to run, comma-separated (empty: all): meta, plain, scratch, served (plain "
+                            "fine-tuned on the evaluated problems themselves, as finetune --keys), random, "
+                            "evolutionary, analytic, triton_tutorial, inductor_mm")
     simulate: bool = flag(False, "label everything with the analytic model (CPU dry run)")
     replay: str = flag("", "answer every measurement from the target's real rows stored in this database (a CPU "
                            "run on real labels): every method chooses among a problem's stored configs, best "
@@ -70,6 +79,10 @@ class TransferArgs:
                                     "transfer.csv in --out (written on a GPU machine without wandb, say)")
 
     def __post_init__(self) -> None:
+        unknown = [m for m in self.chosen_methods() if m not in METHODS]
+        if unknown:
+            raise ValueError(f"--methods: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not one of "
+                             + ", ".join(METHODS))
         if self.tune_split == self.split:  # the tuned problems would be among those scored
             raise ValueError(f"--tune-split {self.tune_split} is the split evaluated: tune on another")
         if self.replay and self.simulate:
@@ -78,6 +91,11 @@ class TransferArgs:
         if most > PER_PROBLEM * self.tune_problems:  # each fine-tune would refuse it, after the runs before it
             raise ValueError(f"--budgets {most}: a fine-tune measures at most {PER_PROBLEM} per tuning problem, "
                              f"{PER_PROBLEM * self.tune_problems} for {self.tune_problems} (--tune-problems)")
+
+
+    def chosen_methods(self) -> list[str]:
+        """--methods as a list (every method when empty)."""
+        return [m.strip() for m in self.methods.split(",") if m.strip()] or list(METHODS)
 
 
 def seen_gpus(path: str | Path) -> tuple[str, ...]:

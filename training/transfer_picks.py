@@ -1,6 +1,12 @@
 """What each method of `gnn-policy transfer` picks on the target: a policy's top 8 after its
 fine-tune (`training.finetune`), a search's best found, the analytic model's ranking or a named
 list's best; and the fingerprints that say when a finished run or fine-tune may be reused.
+
+`served` is the plain checkpoint fine-tuned as a user runs `finetune --keys` on the GEMMs they
+serve: its B measurements in all go to the evaluated problems themselves, as a search's do, and
+its first pick on a problem is the best config it measured there (`Policy.measured`), else its
+adapted pick. The other fine-tunes never see the evaluated problems, so theirs is the
+generalisation figure and `served`'s what a user's own problems get.
 """
 from __future__ import annotations
 
@@ -10,13 +16,10 @@ from typing import Callable
 
 from graphs import GemmProblem
 from training.finetune import ADAPT_VERSION, FinetuneArgs
-from training.transfer_args import TransferArgs
+from training.transfer_args import POLICIES, SPEC_ONLY, TransferArgs
 from training.transfer_log import fingerprint
 
 PICKS_VERSION = 1  # raise when the code that makes picks changes (top_k's rule, searches, named lists)
-POLICIES = ("meta", "plain", "scratch")
-SEARCHES = ("random", "evolutionary")
-SPEC_ONLY = ("analytic", "triton_tutorial", "inductor_mm")
 LISTS = SPEC_ONLY[1:]  # the named config lists, timed in full
 
 
@@ -31,7 +34,7 @@ def run_settings(args: TransferArgs, method: str, target: str, source: str, prob
     if args.replay:  # labels from these stored rows, candidates among them
         settings["replay"] = digests["replay"]
     if method in POLICIES:
-        settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch: plain's architecture
+        settings["checkpoint"] = digests["meta" if method == "meta" else "plain"]  # scratch, served: plain's
         settings.update(tune)
     elif method == "analytic":
         settings["analytic"] = digests["analytic"]
@@ -39,14 +42,17 @@ def run_settings(args: TransferArgs, method: str, target: str, source: str, prob
 
 
 def finetune_settings(args: TransferArgs, method: str, target: str, source: str, space_,
-                      digests: dict[str, str]) -> dict:
-    """What a fine-tune's weights depend on: not the evaluation's split or problems, so another
-    evaluation reuses a finished fine-tune. Its keys agree with `run_settings`' where both have them."""
+                      digests: dict[str, str], problems: list[GemmProblem]) -> dict:
+    """What a fine-tune's weights depend on: not the evaluation's split or problems (but for
+    `served`, which tunes on them), so another evaluation reuses a finished fine-tune. Its keys
+    agree with `run_settings`' where both have them."""
+    tuned = {"tune_problems": [p.key for p in problems]} if method == "served" else {
+        "tune_problems": args.tune_problems,
+        # absent at its default: fine-tunes finished before --tune-split existed are reused
+        **({"tune_split": args.tune_split} if args.tune_split != "train" else {})}
     out = {"version": PICKS_VERSION, "target": target, "source": source, "runner": args.runner,
            "timeout": args.timeout, "space": [space_.name, space_.knobs],
-           "checkpoint": digests["meta" if method == "meta" else "plain"], "tune_problems": args.tune_problems,
-           # absent at its default: fine-tunes finished before --tune-split existed are reused
-           **({"tune_split": args.tune_split} if args.tune_split != "train" else {}),
+           "checkpoint": digests["meta" if method == "meta" else "plain"], **tuned,
            "rounds": args.rounds, "strategy": args.strategy, "steps": args.steps, "lr": args.lr,
            "adapt": ADAPT_VERSION}
     if args.simulate:  # the fine-tune's labels come from the analytic model
@@ -68,7 +74,8 @@ def method_picks(args: TransferArgs, method: str, budget: int | None, seed: int,
     from gnn_policy.search import evolutionary_search, fixed_list, given, random_search, run_searches, valid_configs
     from gnn_policy.space import NAMED_LISTS
 
-    policy, kept = _adapted(args, method, budget, seed, spec, tune, plain_digest) if method in POLICIES else (None, None)
+    policy, kept = _adapted(args, method, budget, seed, spec, tune, plain_digest, problems) \
+        if method in POLICIES else (None, None)
     searches = []
     for p in problems:
         rng = random.Random(f"{seed}:{method}:{p.key}")
@@ -101,7 +108,8 @@ def method_picks(args: TransferArgs, method: str, budget: int | None, seed: int,
 
 
 def _top8(policy, problem, spec, keys: set[str] | None) -> list:
-    """The policy's first 8 picks, among `keys` alone when given (what a replay can answer)."""
+    """The policy's first 8 picks, among `keys` alone when given (what a replay can answer); as
+    `Policy.top_k`, a config its fine-tune measured best for the problem comes first."""
     if keys is None:
         return [pick.config for pick in policy.top_k(problem, spec, 8)]
     from training.adapt_replay import top_k_order
@@ -110,16 +118,21 @@ def _top8(policy, problem, spec, keys: set[str] | None) -> list:
     configs = usable(policy, problem, spec, keys)
     if not configs:
         return []
-    return [configs[i] for i in top_k_order(policy, problem, spec, configs, first_choice(policy, problem, spec, configs))[:8]]
+    order = [configs[i] for i in top_k_order(policy, problem, spec, configs, first_choice(policy, problem, spec, configs))]
+    known = policy.measured.get(spec.name, {}).get(problem.key)
+    won = [c for c in configs if known and c.key == known[0]]
+    return (won + [c for c in order if c not in won])[:8]
 
 
-def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str, plain_digest: str):
+def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune: str, plain_digest: str,
+             problems: list[GemmProblem]):
     """The method's policy after fine-tuning on `budget` measurements of the target. Its folder
     in --work is named by `tune`, the fingerprint of `finetune_settings`: a fine-tune resumes
     or is reused under the same ones (another evaluation split or problem count included), and
     new fine-tune flags, a new checkpoint or a new ADAPT_VERSION start afresh. Also says which
     weights the fine-tune's guard kept: adapted, calibrated (the calibration alone), start, or
-    unjudged (the start, for want of held-out problems with enough measured configs); None at B = 0."""
+    unjudged (the start, for want of held-out problems with enough measured configs); None at B = 0.
+    `served` tunes on `problems`, the evaluated ones, as `finetune --keys`."""
     from gnn_policy.policy import Policy
     from training.finetune import run as finetune
 
@@ -130,9 +143,12 @@ def _adapted(args: TransferArgs, method: str, budget: int, seed: int, spec, tune
     if budget == 0:
         return Policy.load(start), None
     name = f"{method}-B{budget}-s{seed}-{tune[:8]}"
+    served = method == "served"
     card = finetune(FinetuneArgs(
         gpu=spec.name, budget=str(budget), db=str(work / f"{name}.sqlite"), checkpoint=str(start),
-        output=str(work / name), split=args.tune_split, problems=args.tune_problems, rounds=args.rounds,
+        output=str(work / name), split="" if served else args.tune_split,
+        keys=",".join(p.key for p in problems) if served else "",
+        problems=len(problems) if served else args.tune_problems, rounds=args.rounds,
         strategy=args.strategy, steps=args.steps, lr=args.lr, simulate=args.simulate, analytic=args.analytic, seed=seed, timeout=args.timeout,
         runner=args.runner, replay=args.replay,
         snapshot=False, log_dir=str(work / "wandb"), group=f"transfer-{spec.name}",

@@ -8,7 +8,8 @@ import dataclasses
 from pathlib import Path
 
 from training.transfer_args import TransferArgs
-from training.transfer_picks import LISTS, POLICIES, SEARCHES, SPEC_ONLY
+from training.transfer_args import POLICIES, SEARCHES, SPEC_ONLY
+from training.transfer_picks import LISTS
 
 
 def summary(rows: list[dict]) -> dict[tuple[str, int | None], dict[str, float]]:
@@ -108,7 +109,9 @@ def _by_size(rows: list[dict], table: dict) -> list[str]:
                 cells.append(f"{summary(sel)[m, b]['top1']:.3f}" if sel else "-")
             lines.append(f"| {m} | {'spec only' if b is None else b} | " + " | ".join(cells) + " |")
     n, present = len(problems), lambda group: ", ".join(m for m in group if m in methods)
-    spend = [f"{present(POLICIES)} spend B in all; their top-8 costs 8 a problem" if present(POLICIES) else "",
+    tuned = present(POLICIES) + (" (served on these problems, the others on other problems)"
+                                 if "served" in methods and len(present(POLICIES).split(", ")) > 1 else "")
+    spend = [f"{tuned} spend B in all; their top-8 costs 8 a problem" if present(POLICIES) else "",
              f"{present(SEARCHES)} spend B on each of the {n} problems ({n} x B in all)" if present(SEARCHES) else "",
              f"{present(LISTS)} time their whole list on each problem" if present(LISTS) else ""]
     return lines + ["", "Measurements on the target: " + "; ".join(c for c in spend if c) + "."]

@@ -1,6 +1,6 @@
-"""The problems `finetune` spends its budget on: a suite split's (`--split`), or the distinct
+"""The problems `finetune` spends its budget on: a suite split's (`--split`), the distinct
 GEMMs of the model a user serves (`--model SPEC --tokens LIST`, expanded as `tune --model`
-expands it, by `gnn_policy.model_tune.model_rows`). A computation that several layers or token
+expands it, by `gnn_policy.model_tune.model_rows`), or GEMMs named by their keys (`--keys`). A computation that several layers or token
 counts share is tuned once: the measurements and the adaptation see computations, not layers.
 """
 from __future__ import annotations
@@ -64,29 +64,36 @@ def expand(spec: str, tokens: str, dtype: str, tp: int = 1) -> ModelProblems:
     return ModelProblems(spec, model.name, counts, file_digest(model.source), order, shared, tp)
 
 
-def select(split: str, count: int, seed: int, model: ModelProblems | None,
+def select(split: str, count: int, seed: int, given: ModelProblems | list[GemmProblem] | None,
            offers: Callable[[GemmProblem], bool] | None) -> tuple[list[GemmProblem], str]:
-    """At most `count` tuning problems, only those `offers` accepts when given (a replay's
-    stored ones), and a note on what was left out ('' when nothing was)."""
-    if model is None:
+    """At most `count` tuning problems: a split's, or the first of a model's or of --keys' when
+    `given`; only those `offers` accepts when given (a replay's stored ones); and a note on
+    what was left out ('' when nothing was)."""
+    if given is None:
         if split in RANDOM_SPLITS and offers is not None:
             # a replay holds rows of the problems collections drew, seed 0's stream (another seed's
             # stream holds none): the run's seed chooses among them
             held = [p for p in select_problems(split, REPLAY_HORIZON, 0) if offers(p)]
             return random.Random(seed).sample(held, min(count, len(held))), ""
         return select_problems(split, count, seed, where=offers), ""
-    held = [p for p in model.problems if offers is None or offers(p)]
+    model = given if isinstance(given, ModelProblems) else None
+    listed = model.problems if model else given
+    held = [p for p in listed if offers is None or offers(p)]
     notes = []
-    if len(held) < len(model.problems):
-        notes.append(f"the replay holds rows of {len(held)} of {model.name}'s {len(model.problems)} distinct GEMMs")
+    if len(held) < len(listed):
+        notes.append(f"the replay holds rows of {len(held)} of " +
+                     (f"{model.name}'s {len(listed)} distinct GEMMs" if model else f"the {len(listed)} --keys"))
     if len(held) > count:
         notes.append(f"{model.name} has {len(held)} distinct GEMMs over tokens {_tokens(model)}; tuning on "
-                     f"{count} of them (--problems {count}), taken in turn from each token count")
+                     f"{count} of them (--problems {count}), taken in turn from each token count" if model else
+                     f"tuning on the first {count} of {len(held)} --keys (--problems {count})")
     return held[:count], "; ".join(notes)
 
 
-def nothing_held(replay: str, gpu: str, split: str, model: ModelProblems | None) -> str:
+def nothing_held(replay: str, gpu: str, split: str, model: ModelProblems | None, keyed: bool = False) -> str:
     """Why a replay has nothing to tune on."""
+    if keyed:
+        return f"--replay {replay} has no rows of {gpu} for any of the --keys: measure them on that GPU first"
     if model is None:
         return f"--replay {replay} has no rows of {gpu} for {split}-split problems"
     return (f"--replay {replay} has no rows of {gpu} for any of {model.name}'s {len(model.problems)} distinct "

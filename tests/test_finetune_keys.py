@@ -1,0 +1,78 @@
+"""finetune --keys: the budget goes to exactly the GEMMs a user names, and each one's first
+measurement is the start's own first pick."""
+import pytest
+
+import hardware_specs
+from graphs import GemmProblem
+from gnn_policy.cli import parse
+from gnn_policy.database import Database
+from gnn_policy.policy import Policy
+from training import finetune
+from training.finetune import FinetuneArgs, run
+
+H200 = hardware_specs.load("h200")
+KEYS = ["1x16x4096x4096_bf16_rc_bgelu", "1x777x1000x333_fp16_rr", "4x128x64x256_bf16_rc"]
+
+
+def _args(tmp_path, ckpt, **kw):
+    base = dict(gpu="h200", budget="6", db=str(tmp_path / "m.sqlite"), checkpoint=str(ckpt), keys=",".join(KEYS),
+                output=str(tmp_path / "out"), problems=8, rounds=1, steps=1, runner="fake_runner:measure",
+                guard=False, wandb=False)
+    return FinetuneArgs(**{**base, **kw})
+
+
+def test_keys_tune_exactly_the_named_gemms_in_order_each_first_at_the_starts_pick(tmp_path, ckpt, monkeypatch):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)  # the fake runner stands in for the H200
+    card = run(_args(tmp_path, ckpt))
+    assert card["problems"] == KEYS and card["spent_measurements"] == 6
+    start = Policy.load(ckpt)  # cost_model 0: its first pick is the first-pick rule's, not the best predicted
+    with Database(tmp_path / "m.sqlite") as db:
+        assert {p.key for p in db.problems(H200.name)} == set(KEYS)
+        for key in KEYS:
+            rows = db.tflops(H200.name, key, "real")
+            first = start.top_k(GemmProblem.from_key(key), H200, 1)[0].config.key
+            assert len(rows) == 2 and first in rows
+            assert card["measured_winners"][key]["tflops"] >= rows[first]
+
+
+def test_keys_from_a_file_skip_comments_and_repeats_and_a_cap_says_what_it_leaves(tmp_path, ckpt, monkeypatch, capsys):
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    listed = tmp_path / "serve.txt"
+    listed.write_text(f"# the GEMMs we serve\n{KEYS[1]}\n\n{KEYS[0]}  # attention out\n{KEYS[1]}\n{KEYS[2]}\n")
+    card = run(_args(tmp_path, ckpt, keys=f"@{listed}", problems=2, budget="2"))
+    assert card["problems"] == [KEYS[1], KEYS[0]]
+    assert "tuning on the first 2 of 3 --keys (--problems 2)" in capsys.readouterr().err
+
+
+def test_a_bad_key_a_missing_file_and_keys_beside_a_split_or_model_are_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match="not a GemmProblem key: '16x4096x4096'"):
+        FinetuneArgs(gpu="h200", keys=f"{KEYS[0]},16x4096x4096")
+    with pytest.raises(SystemExit) as exit_:
+        parse(["finetune", "--gpu", "h200", "--keys", "1x16x4096x4096_bf16"])
+    assert exit_.value.code == 2 and "argument --keys: not a GemmProblem key: '1x16x4096x4096_bf16'" in \
+        capsys.readouterr().err
+    with pytest.raises(ValueError, match="cannot read .*missing.txt"):
+        FinetuneArgs(gpu="h200", keys=f"@{tmp_path / 'missing.txt'}")
+    with pytest.raises(ValueError, match="no problem key in ' , '"):
+        FinetuneArgs(gpu="h200", keys=" , ")
+    for other in ({"split": "train"}, {"model": "gpt2"}):
+        with pytest.raises(ValueError, match=f"--keys and --{next(iter(other))} are exclusive"):
+            FinetuneArgs(gpu="h200", keys=KEYS[0], **other)
+    with pytest.raises(ValueError, match="at most 2048 measurements per tuning problem, 4096 for 2 \\(--keys\\)"):
+        FinetuneArgs(gpu="h200", keys=",".join(KEYS[:2]), budget="5000")
+
+
+def test_a_replay_tunes_on_the_keys_it_holds_and_says_when_it_holds_none(tmp_path, ckpt, capsys):
+    from gnn_policy.collect import CollectArgs, run as collect
+    from training.finetune_budget import FinetuneError
+
+    source = str(tmp_path / "source.sqlite")
+    collect(CollectArgs(db=source, gpu="h200", split="test", problems=2, configs=6, runner="fake_runner:measure"))
+    with Database(source) as db:
+        held = sorted(p.key for p in db.problems(H200.name))
+    card = run(_args(tmp_path, ckpt, keys=",".join([KEYS[0], *held]), replay=source, snapshot=False, budget="4"))
+    assert card["problems"] == held
+    assert "the replay holds rows of 2 of the 3 --keys" in capsys.readouterr().err
+    with pytest.raises(FinetuneError, match="has no rows of H200-SXM-141GB for any of the --keys"):
+        run(_args(tmp_path, ckpt, keys=KEYS[0], replay=source, snapshot=False, output=str(tmp_path / "o2"),
+                  db=str(tmp_path / "m2.sqlite")))
