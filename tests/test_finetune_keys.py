@@ -1,5 +1,5 @@
-"""finetune --keys: the budget goes to exactly the GEMMs a user names, and each one's first
-measurement is the start's own first pick."""
+"""finetune --keys: the budget goes to exactly the GEMMs a user names, each measured down the
+start's own ranking, its first pick first."""
 import pytest
 
 import hardware_specs
@@ -21,7 +21,7 @@ def _args(tmp_path, ckpt, **kw):
     return FinetuneArgs(**{**base, **kw})
 
 
-def test_keys_tune_exactly_the_named_gemms_in_order_each_first_at_the_starts_pick(tmp_path, ckpt, monkeypatch):
+def test_keys_tune_exactly_the_named_gemms_in_order_down_the_starts_ranking(tmp_path, ckpt, monkeypatch):
     monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)  # the fake runner stands in for the H200
     card = run(_args(tmp_path, ckpt))
     assert card["problems"] == KEYS and card["spent_measurements"] == 6
@@ -30,9 +30,10 @@ def test_keys_tune_exactly_the_named_gemms_in_order_each_first_at_the_starts_pic
         assert {p.key for p in db.problems(H200.name)} == set(KEYS)
         for key in KEYS:
             rows = db.tflops(H200.name, key, "real")
-            first = start.top_k(GemmProblem.from_key(key), H200, 1)[0].config.key
-            assert len(rows) == 2 and first in rows
-            assert card["measured_winners"][key]["tflops"] >= rows[first]
+            # the GEMMs a user serves are measured down the policy's own ranking, its first pick first
+            ranked = [pick.config.key for pick in start.top_k(GemmProblem.from_key(key), H200, 2)]
+            assert set(rows) == set(ranked) and ranked[0] == start.top_k(GemmProblem.from_key(key), H200, 1)[0].config.key
+            assert card["measured_winners"][key]["tflops"] == max(rows.values()) >= rows[ranked[0]]
 
 
 def test_keys_from_a_file_skip_comments_and_repeats_and_a_cap_says_what_it_leaves(tmp_path, ckpt, monkeypatch, capsys):

@@ -1,8 +1,9 @@
 """`gnn-policy finetune --gpu NAME --budget B`: adapt a pretrained policy to one GPU.
 
-Each round spends a share of the budget on every tuning problem, on configs chosen for
-information (`training.finetune_measure`: the policy's best predicted config, where it
-disagrees with itself, neighbours of the best found), measured for real, with the analytic
+Each round spends a share of the budget on every tuning problem (`training.finetune_measure`):
+on the GEMMs a user serves (`--model`, `--keys`) down the policy's own ranking, on a split's
+problems on configs chosen for information (the policy's first pick, where it disagrees with
+itself, neighbours of the best found), measured for real, with the analytic
 model under `--simulate`, or from a replay. Every measurement goes to the database. After
 each round, the policy takes gradient steps by `--strategy` (`training.adaptation`): the
 whole network (REINFORCE plus the pretraining objective, as Reptile's inner loop adapts), the
@@ -38,7 +39,8 @@ from training.finetune_measure import measure_round, measurer
 # 4: strategies, measurements chosen for information, the bounded model's first-pick rule in the guard,
 # 5: an ensemble adapts every member and is judged by its vote; the calibration's learning rate 3e-4;
 # the first round measures every problem's start pick, and a round's remainder goes on where the last stopped;
-# 6: the start pick by the policy's own first-pick rule, which is not the best predicted under every rule)
+# 6: the start pick by the policy's own first-pick rule, which is not the best predicted under every rule;
+# --model's and --keys' problems measured down the policy's own ranking)
 ADAPT_VERSION = 6
 
 
@@ -63,7 +65,7 @@ class FinetuneArgs:
                       check=one_of("", *DTYPES))
     tp: int = flag(1, "tensor-parallel degree of a --model config: tune one GPU's share of its GEMMs, as tune "
                       "--model --tp splits them", check=at_least(1))
-    keys: str = flag("", "tune on exactly these GEMMs instead of a split's: problem keys as tune --json, stats and "
+    keys: str = flag("", "tune on exactly these GEMMs instead of a split's: problem keys as tune --json and "
                          "transfer.csv name them (1x16x4096x4096_bf16_rc_bgelu), comma-separated, or @FILE with "
                          "one a line; not with --model or --split", check=problem_keys)
     problems: int = flag(8, "tuning problems, spread over the split's families (or the most of --model's "
@@ -216,7 +218,8 @@ def run(args: FinetuneArgs) -> dict:
             for rnd in range(state["round"], args.rounds):
                 rng = random.Random(f"{args.seed}:{rnd}")
                 measured = measure_round(policy, problems, spec, measure, budget, args.rounds - rnd, rng,
-                                         lambda: _save_state(state_path, state, budget), state["since"], rnd)
+                                         lambda: _save_state(state_path, state, budget), state["since"], rnd,
+                                         served=bool(model or keyed))
                 adapter.round(problems, spec, db, source, measured, norms)
                 out.mkdir(parents=True, exist_ok=True)
                 save_checkpoint(policy.model, rounds_path, policy.members)

@@ -1,6 +1,7 @@
-"""What a fine-tune round measures, chosen for information (`_candidates`: the policy's best
-predicted config, where it disagrees with itself, and neighbours of the best found), measured
-for real, with the analytic model or from a replay, within the round's share of the budget
+"""What a fine-tune round measures: on the GEMMs a user serves, the policy's own ranking
+(`_ranked`); on a split's problems, configs chosen for information (`_candidates`: the
+policy's first pick, where it disagrees with itself, and neighbours of the best found),
+measured for real, with the analytic model or from a replay, within the round's share of the budget
 (`training.finetune` runs the rounds).
 """
 from __future__ import annotations
@@ -39,6 +40,28 @@ def measurer(db, spec, args: FinetuneArgs, source: str) -> Iterator:
 
 SOURCES = ("top", "doubt", "mutation")  # where a problem's next measurement comes from, in turn
 ENSEMBLE_TOP = 64  # the doubt is looked for among this many best predicted candidates
+
+
+def _ranked(policy, problem, spec, known: dict, n: int, offered: set | None) -> list:
+    """The first n unmeasured configs in the policy's own order: `top_k`'s (its first pick, then
+    the best predicted of each kind, then the rest), as `tune` lists them; among the configs a
+    replay offers when it does."""
+    if offered is None:
+        picks = [pick.config for pick in policy.top_k(problem, spec, len(known) + n)]
+    else:
+        import torch
+
+        from training.adapt_replay import top_k_order
+        from training.guard import first_choice, usable
+
+        configs = usable(policy, problem, spec, offered)
+        if not configs:
+            return []
+        head = top_k_order(policy, problem, spec, configs, first_choice(policy, problem, spec, configs))
+        idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
+        by_pred = policy.predicted(problem, spec, idx)[0].argsort(descending=True).tolist()
+        picks = [configs[i] for i in dict.fromkeys(head + by_pred)]
+    return [c for c in picks if c.key not in known][:n]
 
 
 def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, offered: set | None = None) -> list:
@@ -128,8 +151,11 @@ def _ensemble(policy, problem, spec, configs: list):
 
 
 def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: int, rng, save, since: int,
-                  rnd: int) -> dict:
+                  rnd: int, served: bool = False) -> dict:
     """This round's measurements: problem key -> {config key: TFLOP/s, or None for a failed row}.
+    On `served` problems (the GEMMs a user named) each one's go down the policy's own ranking
+    (`_ranked`), since its best measured config is what the user gets there; on a split's,
+    which stand for others, they are chosen for information (`_candidates`).
 
     What was spent is counted in the database (rows of this GPU and source since the run
     began), so a kill between a measurement and the state file cannot make a resume spend it
@@ -173,7 +199,9 @@ def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: 
             known = db.tflops(spec.name, p.key, measure.source)
             known.update({k: None for k in failed.get(p.key, ())})
             offered = measure.pool.offers(p) if hasattr(measure.pool, "offers") else None
-            jobs.append((p, _candidates(policy, p, spec, {**known, **out.get(p.key, {})}, n, rng, offered)))
+            seen = {**known, **out.get(p.key, {})}
+            jobs.append((p, _ranked(policy, p, spec, seen, n, offered) if served else
+                         _candidates(policy, p, spec, seen, n, rng, offered)))
             if timed:  # a time budget is checked before every problem's batch
                 progress = spend(jobs) or progress
                 jobs = []
