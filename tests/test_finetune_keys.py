@@ -77,3 +77,13 @@ def test_a_replay_tunes_on_the_keys_it_holds_and_says_when_it_holds_none(tmp_pat
     with pytest.raises(FinetuneError, match="has no rows of H200-SXM-141GB for any of the --keys"):
         run(_args(tmp_path, ckpt, keys=KEYS[0], replay=source, snapshot=False, output=str(tmp_path / "o2"),
                   db=str(tmp_path / "m2.sqlite")))
+
+
+@pytest.mark.parametrize("budget, counts", [("4", [2, 2, 0]), ("5", [2, 2, 1]), ("9", [3, 3, 3])])
+def test_a_budget_short_of_two_a_gemm_measures_the_first_ones_in_pairs(tmp_path, ckpt, monkeypatch, budget, counts):
+    # one measurement of a served GEMM confirms its pick and gains nothing; two may find a better one
+    monkeypatch.setattr(finetune, "check_gpu", lambda *a: None)
+    card = run(_args(tmp_path, ckpt, budget=budget, rounds=2))
+    with Database(tmp_path / "m.sqlite") as db:
+        assert [len(db.tflops(H200.name, key, "real")) for key in KEYS] == counts
+    assert card["spent_measurements"] == int(budget)

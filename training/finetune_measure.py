@@ -166,8 +166,13 @@ def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: 
     budget.spent_count = db.count_since(spec.name, measure.source, since)
     timed = budget.count is None
     share = -(-budget.left() // rounds_left) if not timed else 0
-    if rnd == 0 and not timed:  # every problem's first measurement is the start's own pick, where the budget allows:
-        share = max(share, min(len(problems), budget.left()))  # a winner kept for it is then never below that pick
+    # every problem's first measurement is the start's own pick, where the budget allows: a winner kept
+    # for it is then never below that pick; a served problem measured once gains nothing, so those go
+    # in pairs, to the first problems, while the budget is short of two each
+    per = 2 if served else 1
+    pairs = served and rnd == 0 and not timed and budget.left() < per * len(problems)
+    if rnd == 0 and not timed:
+        share = max(share, min(per * len(problems), budget.left()))
     seconds = (budget.seconds - budget.spent_seconds) / rounds_left if timed else 0.0
     out: dict = {}
     round_start = time.monotonic()
@@ -193,7 +198,8 @@ def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: 
             else:  # the round's share split evenly (at most what is left); the remainder goes on from where
                 # the measurements so far stopped, so every problem gets its turn (a step of one a round left some without)
                 extra = share % len(problems)
-                n = min(share // len(problems) + ((i - budget.spent_count) % len(problems) < extra), budget.left())
+                n = min(2, share - 2 * i) if pairs else \
+                    min(share // len(problems) + ((i - budget.spent_count) % len(problems) < extra), budget.left())
             if n <= 0:
                 continue
             known = db.tflops(spec.name, p.key, measure.source)
