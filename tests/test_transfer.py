@@ -292,3 +292,8 @@ def test_methods_chooses_which_runs_go_and_an_unknown_one_is_refused(tmp_path):
     assert out["runs"] == 5 and "| meta |" not in out["report"]
     with pytest.raises(ValueError, match="--methods: meat, grid are not one of meta, plain, scratch, served, random"):
         _args(tmp_path, methods="meat,plain,grid")
+    # a --meta that saw the target is refused only when meta runs
+    saw = _checkpoint(tmp_path / "saw.pt", (L40S.name,))
+    check_held_out(_args(tmp_path, meta=saw, methods="plain,served", simulate=False), L40S.name)
+    with pytest.raises(TransferError, match="--meta .*saw.pt was trained on L40S"):
+        check_held_out(_args(tmp_path, meta=saw, simulate=False), L40S.name)

@@ -109,7 +109,8 @@ def seen_gpus(path: str | Path) -> tuple[str, ...]:
 def check_held_out(args: TransferArgs, target: str) -> None:
     from gnn_policy.measure.simulator import fitted_gpus
 
-    for name, path in (("--meta", args.meta), ("--plain", args.plain)):
+    used = [("--meta", args.meta)] if "meta" in args.chosen_methods() else []  # the others start from --plain
+    for name, path in used + [("--plain", args.plain)]:
         if not Path(path).exists():
             raise TransferError(f"{name} {path} does not exist")
         if target in seen_gpus(path):
