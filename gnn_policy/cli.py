@@ -141,13 +141,14 @@ def run_finetune(args: FinetuneArgs) -> int:
     from graphs.model_config import ConfigError
     from gnn_policy.model_tune import ModelSpecError
     from training.finetune import run
+    from training.finetune_report import table
 
     try:
         card = run(args)
     except (ConfigError, ModelSpecError) as exc:  # --model's: a config field or a module:function
         print(f"gnn-policy finetune: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(card, indent=1))
+    print(json.dumps(card, indent=1) if args.json else table(card))
     return 0
 
 

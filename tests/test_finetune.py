@@ -98,7 +98,7 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
     refused = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--simulate" in refused.stderr
     logs = tmp_path / "runs"
-    ran = subprocess.run(cmd + ["--simulate", "--log-dir", str(logs), "--tags", "method=plain"],
+    ran = subprocess.run(cmd + ["--simulate", "--log-dir", str(logs), "--tags", "method=plain", "--json"],
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr
     record = b"".join(f.read_bytes() for f in logs.glob("wandb/offline-run-*/run-*.wandb"))
@@ -106,6 +106,7 @@ def test_the_cli_refuses_h100_without_a_gpu_and_runs_it_simulated(tmp_path, ckpt
     again = subprocess.run(cmd + ["--simulate", "--log-dir", str(logs), "--tags", "method=plain"],
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and len(list(logs.glob("wandb/offline-run-*"))) == 1  # finished: no second run
+    assert "no measured winners are kept (a simulated run measures nothing real)" in again.stdout  # the table
     assert json.loads(ran.stdout)["spent_measurements"] == 6 == _rows(tmp_path, "simulated")
     assert _rows(tmp_path, "real") == 0  # simulated rows never pass as real
     assert (tmp_path / "out" / "h100.simulated.pt").exists() and not (tmp_path / "out" / "h100.pt").exists()

@@ -1,5 +1,7 @@
 """finetune --keys: the budget goes to exactly the GEMMs a user names, each measured down the
 start's own ranking, its first pick first."""
+import json
+
 import pytest
 
 import hardware_specs
@@ -87,3 +89,30 @@ def test_a_budget_short_of_two_a_gemm_measures_the_first_ones_in_pairs(tmp_path,
     with Database(tmp_path / "m.sqlite") as db:
         assert [len(db.tflops(H200.name, key, "real")) for key in KEYS] == counts
     assert card["spent_measurements"] == int(budget)
+
+
+def test_the_cli_prints_each_gemms_start_pick_against_its_best_measured_and_the_card_with_json(tmp_path, ckpt, capsys):
+    from gnn_policy.cli import main
+    from gnn_policy.collect import CollectArgs, run as collect
+
+    source = str(tmp_path / "source.sqlite")
+    collect(CollectArgs(db=source, gpu="h200", split="test", problems=2, configs=6, runner="fake_runner:measure"))
+    with Database(source) as db:
+        held = sorted(p.key for p in db.problems(H200.name))
+        stored = {key: db.tflops(H200.name, key) for key in held}
+    argv = ["finetune", "--gpu", "h200", "--keys", ",".join(held), "--replay", source, "--no-snapshot", "--budget", "6",
+            "--rounds", "1", "--checkpoint", str(ckpt), "--db", str(tmp_path / "m.sqlite"), "--output",
+            str(tmp_path / "out"), "--no-wandb"]
+    assert main(argv) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("finetune H200-SXM-141GB (real): 6 measurements on 2 GEMMs")
+    assert f"checkpoint: {tmp_path / 'out' / 'h200.pt'}" in shown
+    assert main(argv + ["--json"]) == 0  # finished: the same card again
+    card = json.loads(capsys.readouterr().out)
+    for key in held:
+        win = card["measured_winners"][key]
+        # the start pick was measured first, and the winner is the best of what was measured
+        assert win["start_tflops"] == round(stored[key][win["start_pick"]], 2) <= win["tflops"]
+        line = next(row for row in shown.splitlines() if row.startswith(key))
+        assert win["start_pick"] in line and win["config"] in line and f"{win['tflops'] / win['start_tflops']:.2f}x" in line
+    assert "geomean gain over the 2 GEMMs whose start pick was measured" in shown

@@ -34,6 +34,7 @@ from gnn_policy.measure.workers import runner_path
 from training.adaptation import STRATEGIES, AdaptPlan
 from training.finetune_budget import PER_PROBLEM, Budget, FinetuneError, budget_error, budget_text
 from training.finetune_measure import measure_round, measurer
+from training.finetune_report import start_picks
 
 # raise when the adaptation changes: transfer then re-runs its fine-tunes (2: the objective, 3: the guard,
 # 4: strategies, measurements chosen for information, the bounded model's first-pick rule in the guard,
@@ -100,6 +101,7 @@ class FinetuneArgs:
     group: str = flag("", "W&B group (default: transfer-<gpu>)")
     tags: tuple[str, ...] = flag((), "W&B tags, e.g. method=meta budget=64 (repeatable)", action="append")
     wandb: bool = flag(True, "log to W&B (offline unless WANDB_MODE is set)", off="write no W&B run")
+    json: bool = flag(False, "print the run's card as JSON instead of the table of what it measured")
 
     def __post_init__(self) -> None:
         for other in ("model", "split"):
@@ -209,6 +211,9 @@ def run(args: FinetuneArgs) -> dict:
         _save_state(state_path, state, budget)  # before the first measurement: `since` must survive a kill
         # a resumed run continues from its own adapted weights, not from the starting checkpoint
         # (a state written before `rounds_path` existed kept them in `weights`)
+        # what the start picks, before its weights adapt in place: the baseline of the measured winners
+        starts = start_picks(start_policy, problems, spec, measure.pool.offers if args.replay else None) \
+            if source == "real" else {}
         policy = Policy.load(rounds_path if rounds_path.exists() else weights) if state["round"] else start_policy
         adapter = Adapter(policy, args.plan)
         stopped = on_interrupt(lambda: f"{db.count_since(spec.name, source, state['since'])} measurements of this "
@@ -232,6 +237,7 @@ def run(args: FinetuneArgs) -> dict:
             # the tuning problems are the ones the user serves: their best measured configs are kept
             # for `top_k` to pick first, whichever weights the guard keeps (a simulation measured nothing)
             wins = winners(start_policy, problems, spec, db, source) if source == "real" else {}
+            figures = {key: db.tflops(spec.name, key, source) for key in wins}
             memory = start_policy.measured | {spec.name: start_policy.measured.get(spec.name, {}) | wins}
             if args.guard and "guard" not in state:
                 start = Policy.load(start_path)
@@ -252,7 +258,9 @@ def run(args: FinetuneArgs) -> dict:
             "args": dataclasses.asdict(args), "spent_measurements": budget.spent_count,
             "spent_seconds": round(budget.spent_seconds, 1), "problems": [p.key for p in problems],
             "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()},
-            "measured_winners": {key: {"config": c, "tflops": round(tf, 2)} for key, (c, tf) in wins.items()},
+            "measured_winners": {key: {"config": c, "tflops": round(tf, 2), "start_pick": starts.get(key),
+                                       "start_tflops": _rounded(figures.get(key, {}).get(starts.get(key)))}
+                                 for key, (c, tf) in wins.items()},
             "guard": state.get("guard"), "model": model.record(problems) if model else None}
     write_text(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")
     if tracker is not None:
@@ -261,6 +269,10 @@ def run(args: FinetuneArgs) -> dict:
                                 **{f"finetune/grad_norm_mean_{k}": v for k, v in card["grad_norm_mean"].items()}})
         tracker.finish()
     return card
+
+
+def _rounded(tflops: float | None) -> float | None:
+    return None if tflops is None else round(tflops, 2)
 
 
 def winners(policy, problems: list, spec, db, source: str) -> dict[str, tuple[str, float]]:

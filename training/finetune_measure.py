@@ -98,11 +98,13 @@ def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, 
     top = by_pred[:ENSEMBLE_TOP]
     spread = (rows[:, top] - rows[:, top].max(1, keepdim=True).values).std(0)
     near = set(neighbours)
-    # led by the policy's own first pick (as `tune` and `patch` take it, or by its rule among what a
-    # replay offers), which is not the best predicted under every rule: a winner kept for the
-    # problem is then never below it
-    first = policy.top_k(problem, spec, 1)[0].config if offered is None else None
-    lead = fresh.index(first) if first in fresh else first_choice(policy, problem, spec, fresh)
+    # a problem's first measurement is the policy's own first pick (as `tune` and `patch` take it, or
+    # by its rule among what a replay offers), which is not the best predicted under every rule: a
+    # winner kept for the problem is then never below it (looked for once: a beam search is slow)
+    lead = by_pred[0]
+    if not known:
+        first = policy.top_k(problem, spec, 1)[0].config if offered is None else None
+        lead = fresh.index(first) if first in fresh else first_choice(policy, problem, spec, fresh)
     orders = {"top": [lead] + [i for i in by_pred if i != lead],
               "doubt": [top[i] for i in spread.argsort(descending=True).tolist()],
               "mutation": [i for i in by_pred if fresh[i] in near]}
