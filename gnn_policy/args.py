@@ -96,7 +96,13 @@ def parse_keys(text: str) -> list:
     keys = [k for k in dict.fromkeys(items) if k]
     if not keys:
         raise ValueError(f"no problem key in {text!r}")
-    return [GemmProblem.from_key(k) for k in keys]
+    out = []
+    for key in keys:
+        try:
+            out.append(GemmProblem.from_key(key))
+        except ValueError as exc:  # a well-formed key can still name no GEMM (a dtype we do not have)
+            raise ValueError(str(exc) if repr(key) in str(exc) else f"{key!r}: {exc}") from None
+    return out
 
 
 def problem_keys(text: str) -> str:

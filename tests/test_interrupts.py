@@ -186,7 +186,7 @@ def test_finetune(measured, monkeypatch, capsys, tmp_path):
     line = _one_line(capsys.readouterr().err)
     assert "measurements of this run stored in" in line and "spends only what is left" in line
     monkeypatch.undo()
-    assert main(argv) == 0
+    assert main(argv + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["spent_measurements"] == 6  # the budget, spent once
 
 

@@ -285,7 +285,7 @@ def test_a_replayed_transfer_chooses_among_stored_configs_and_values_them_as_sto
 
 
 def test_methods_chooses_which_runs_go_and_an_unknown_one_is_refused(tmp_path):
-    out = run(_args(tmp_path, methods="plain, served,analytic"))
+    out = run(_args(tmp_path, methods="plain, served,analytic", meta=str(tmp_path / "no-meta.pt")))  # unused: need not exist
     rows = list(csv.DictReader((tmp_path / "out" / "transfer.csv").open()))
     assert {(r["method"], r["budget"]) for r in rows} == {("plain", "0"), ("plain", "4"), ("served", "0"),
                                                           ("served", "4"), ("analytic", "")}
@@ -297,3 +297,7 @@ def test_methods_chooses_which_runs_go_and_an_unknown_one_is_refused(tmp_path):
     check_held_out(_args(tmp_path, meta=saw, methods="plain,served", simulate=False), L40S.name)
     with pytest.raises(TransferError, match="--meta .*saw.pt was trained on L40S"):
         check_held_out(_args(tmp_path, meta=saw, simulate=False), L40S.name)
+    # served tunes on the evaluated problems: a budget they cannot hold is refused before any run
+    with pytest.raises(TransferError, match="--budgets 4097: served fine-tunes on the 2 problems evaluated, at most "
+                                            "2048 measurements each"):
+        run(_args(tmp_path, budgets="0,4097", tune_problems=3, work=str(tmp_path / "w2"), out=str(tmp_path / "o2")))

@@ -192,7 +192,8 @@ def run(args: FinetuneArgs) -> dict:
             raise FinetuneError(nothing_held(args.replay, spec.name, split, model, bool(keyed)))
         if note:
             print(f"gnn-policy finetune: {note}", file=sys.stderr, flush=True)
-        too_much = model and budget_error(args.budget, len(problems), f"{model.name}'s distinct GEMMs tuned")
+        too_much = (model or keyed) and budget_error(args.budget, len(problems), f"{model.name}'s distinct GEMMs tuned"
+                                                     if model else "the --keys a replay holds")
         if too_much:
             raise FinetuneError(too_much)
         budget.cap = PER_PROBLEM * len(problems)
@@ -238,6 +239,7 @@ def run(args: FinetuneArgs) -> dict:
             # for `top_k` to pick first, whichever weights the guard keeps (a simulation measured nothing)
             wins = winners(start_policy, problems, spec, db, source) if source == "real" else {}
             figures = {key: db.tflops(spec.name, key, source) for key in wins}
+            failed = db.failed_configs(spec.name, source)
             memory = start_policy.measured | {spec.name: start_policy.measured.get(spec.name, {}) | wins}
             if args.guard and "guard" not in state:
                 start = Policy.load(start_path)
@@ -259,7 +261,8 @@ def run(args: FinetuneArgs) -> dict:
             "spent_seconds": round(budget.spent_seconds, 1), "problems": [p.key for p in problems],
             "grad_norm_mean": {k: round(sum(v) / len(v), 5) if v else None for k, v in norms.items()},
             "measured_winners": {key: {"config": c, "tflops": round(tf, 2), "start_pick": starts.get(key),
-                                       "start_tflops": _rounded(figures.get(key, {}).get(starts.get(key)))}
+                                       "start_tflops": _rounded(figures.get(key, {}).get(starts.get(key))),
+                                       "start_failed": starts.get(key) in failed.get(key, ())}
                                  for key, (c, tf) in wins.items()},
             "guard": state.get("guard"), "model": model.record(problems) if model else None}
     write_text(out / f"{name}.card.json", json.dumps(card, indent=1) + "\n")

@@ -12,7 +12,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Iterator
 
-if TYPE_CHECKING:  # the run's flags and budget live in its entry module, which imports this one
+if TYPE_CHECKING:  # the run's flags live in its entry module, which imports this one
     from training.finetune import FinetuneArgs
     from training.finetune_budget import Budget
 
@@ -46,8 +46,8 @@ def _ranked(policy, problem, spec, known: dict, n: int, offered: set | None) -> 
     """The first n unmeasured configs in the policy's own order: `top_k`'s (its first pick, then
     the best predicted of each kind, then the rest), as `tune` lists them; among the configs a
     replay offers when it does."""
-    if offered is None:
-        picks = [pick.config for pick in policy.top_k(problem, spec, len(known) + n)]
+    if offered is None:  # the first pick as `tune` takes it: a wider beam may rank another first
+        picks = [pick.config for pick in policy.top_k(problem, spec, 1) + policy.top_k(problem, spec, len(known) + n)]
     else:
         import torch
 
@@ -61,7 +61,7 @@ def _ranked(policy, problem, spec, known: dict, n: int, offered: set | None) -> 
         idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
         by_pred = policy.predicted(problem, spec, idx)[0].argsort(descending=True).tolist()
         picks = [configs[i] for i in dict.fromkeys(head + by_pred)]
-    return [c for c in picks if c.key not in known][:n]
+    return [c for c in dict.fromkeys(picks) if c.key not in known][:n]
 
 
 def _candidates(policy, problem, spec, known: dict, n: int, rng: random.Random, offered: set | None = None) -> list:
@@ -178,6 +178,11 @@ def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: 
     seconds = (budget.seconds - budget.spent_seconds) / rounds_left if timed else 0.0
     out: dict = {}
     round_start = time.monotonic()
+    # pairs count what this run measured already (a killed call's), and a problem with nothing left to
+    # offer passes its share on
+    mine = collections.Counter(r["problem"] for r in db.rows_after(since)
+                               if r["gpu"] == spec.name and r["source"] == measure.source) if pairs else {}
+    left = share
 
     def spend(jobs: list) -> bool:
         start = time.monotonic()
@@ -200,7 +205,7 @@ def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: 
             else:  # the round's share split evenly (at most what is left); the remainder goes on from where
                 # the measurements so far stopped, so every problem gets its turn (a step of one a round left some without)
                 extra = share % len(problems)
-                n = min(2, share - 2 * i) if pairs else \
+                n = min(max(0, 2 - mine[p.key]), left) if pairs else \
                     min(share // len(problems) + ((i - budget.spent_count) % len(problems) < extra), budget.left())
             if n <= 0:
                 continue
@@ -208,8 +213,10 @@ def measure_round(policy, problems, spec, measure, budget: Budget, rounds_left: 
             known.update({k: None for k in failed.get(p.key, ())})
             offered = measure.pool.offers(p) if hasattr(measure.pool, "offers") else None
             seen = {**known, **out.get(p.key, {})}
-            jobs.append((p, _ranked(policy, p, spec, seen, n, offered) if served else
-                         _candidates(policy, p, spec, seen, n, rng, offered)))
+            chosen = _ranked(policy, p, spec, seen, n, offered) if served else \
+                _candidates(policy, p, spec, seen, n, rng, offered)
+            left -= len(chosen)
+            jobs.append((p, chosen))
             if timed:  # a time budget is checked before every problem's batch
                 progress = spend(jobs) or progress
                 jobs = []

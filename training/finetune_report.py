@@ -48,7 +48,8 @@ def table(card: dict) -> str:
             gain = win["tflops"] / start if start else None
             if gain is not None:
                 gains.append(gain)
-            rows.append((key, win.get("start_pick") or "-", f"{start:.1f}" if start else "not measured",
+            shown = f"{start:.1f}" if start else "failed" if win.get("start_failed") else "not measured"
+            rows.append((key, win.get("start_pick") or "-", shown,
                          win["config"], f"{win['tflops']:.1f}", f"{gain:.2f}x" if gain is not None else "-"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -56,7 +57,7 @@ def table(card: dict) -> str:
             geo = math.exp(sum(map(math.log, gains)) / len(gains))
             lines.append(f"geomean gain over the {len(gains)} GEMMs whose start pick was measured: {geo:.3f}x")
     path = Path(card["args"]["output"]) / card["checkpoint"]
-    lines.append(f"checkpoint: {path} (card beside it); its measured winners are picked first on {card['gpu']} by "
-                 f"`gnn-policy tune --checkpoint {path}`, `GNN_POLICY_CHECKPOINT={path}` and "
-                 f"`gnn_policy.patch(model, checkpoint=\"{path}\")`")
+    use = (f"; its measured winners are picked first on {card['gpu']} by `gnn-policy tune --checkpoint {path}`, "
+           f"`GNN_POLICY_CHECKPOINT={path}` and `gnn_policy.patch(model, checkpoint=\"{path}\")`" if wins else "")
+    lines.append(f"checkpoint: {path} (card beside it){use}")
     return "\n".join(lines)

@@ -47,6 +47,7 @@ from pathlib import Path
 from time import monotonic
 
 from gnn_policy.interrupts import on_interrupt
+from training.finetune_budget import PER_PROBLEM
 from training import transfer_picks
 from training.transfer_args import TransferArgs, TransferError, check_held_out, with_folders
 from training.transfer_log import TransferLog, file_digest, fingerprint
@@ -94,7 +95,8 @@ def run(args: TransferArgs) -> dict:
     counts: defaultdict = defaultdict(int)
     rows: list[dict] = []
     # what each run's picks depend on, read once: a replayed database is large
-    digests = {name: file_digest(getattr(args, name)) for name in ("meta", "plain", "analytic")}
+    digests = {name: file_digest(getattr(args, name)) for name in ("meta", "plain", "analytic")
+               if name != "meta" or "meta" in args.chosen_methods()}  # an unused --meta need not exist
     if pool is not None:
         digests["replay"] = file_digest(args.replay)
     with Database(_evaluation_db(args, digests)) as db, contextlib.ExitStack() as stack:
@@ -114,6 +116,9 @@ def run(args: TransferArgs) -> dict:
         if not problems:
             raise TransferError(f"no {args.split}-split problem is measured on {spec.name} in "
                                 f"{args.replay or args.db}: collect them first")
+        if "served" in args.chosen_methods() and budgets[-1] > PER_PROBLEM * len(problems):  # before any run
+            raise TransferError(f"--budgets {budgets[-1]}: served fine-tunes on the {len(problems)} problems "
+                                f"evaluated, at most {PER_PROBLEM} measurements each ({PER_PROBLEM * len(problems)})")
         if pool is not None:
             measure = Measurer(db, spec, pool, None, counts)
         else:
