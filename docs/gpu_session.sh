@@ -13,7 +13,8 @@
 # (random-train, resumes from the shipped shards), slices (random-train on SM slices sm64, sm32, sm96 and sm16
 # of the GPU that came, $SLICES to choose, 800 problems x 50 configs, at most 100 GFLOP), sweep200 (the H200's random-test split swept
 # densely, resuming: 1,000 configs a problem, then refinement and confirm; an H200 only), sweep48 (issue 22's
-# held-out slice: the first 40 random-test problems swept densely on 48 SMs of whichever GPU came, resuming).
+# held-out slice: the first 40 random-test problems swept densely on 48 SMs of whichever GPU came, resuming),
+# serve48 (issue 22's Done-when: transfer's served method on sm48's test problems at B = 0 and 64; an H200 only).
 # Shards come back under c/, s/ and t/ in the tar: move them to docs/data/ceiling/ or data/measurements/.
 set -u
 export TQDM_DISABLE=1  # progress bars of a scripted call only bloat its logs (a collect's ran to 100 KB)
@@ -61,6 +62,13 @@ for stage in "$@"; do
       timeout $L python3 -m gnn_policy.cli sweep --gpu $B-sm48 --db /tmp/s48.sqlite --split random-test --problems 40 \
         --configs 1000 --space hopper-tested --policy checkpoints/pretrained.pt --time-limit $(mins $((L-50))) \
         --timeout 10 --compile-timeout 60 --shard-dir $R/s > $R/sweep48.log 2>&1 ;;
+    serve48)
+      # issue 22's Done-when on the GPU: plain.pt fine-tuned with 64 measurements in all on sm48's test
+      # problems (transfer's served, as finetune --keys), its top 8 measured; an H200 only
+      case "$GPU" in *H200*) ;; *) echo "not an H200: no sm48 serve"; continue;; esac
+      timeout $L python3 -m gnn_policy.cli transfer --target h200-sm48 --plain checkpoints/plain.pt --methods served \
+        --budgets 0,64 --seeds 0 --no-wandb --time-limit $(mins $((L-60))) --timeout 10 --work /tmp/serve48 \
+        --out $R/serve48 --shard-dir $R/t > $R/serve48.log 2>&1 ;;
     e2e)
       # resumes from the rows shipped for this GPU (the script skips the rows its --out holds)
       mkdir -p $R/e2e; case "$GPU" in *H200*) D=H200-SXM-141GB;; *H100*) D=H100-SXM5-80GB;; *) D=none;; esac
