@@ -47,11 +47,11 @@ from pathlib import Path
 from time import monotonic
 
 from gnn_policy.interrupts import on_interrupt
-from training.finetune_budget import PER_PROBLEM
 from training import transfer_picks
-from training.transfer_args import TransferArgs, TransferError, check_held_out, with_folders
+from training.finetune_budget import PER_PROBLEM
+from training.transfer_args import (POLICIES, SEARCHES, SPEC_ONLY, TransferArgs, TransferError, check_held_out,
+                                    with_folders)
 from training.transfer_log import TransferLog, file_digest, fingerprint
-from training.transfer_args import POLICIES, SEARCHES, SPEC_ONLY
 from training.transfer_report import log_wandb, measurements_to_reach, write_report
 
 # the names the CLI and the tests import from here, wherever they live
