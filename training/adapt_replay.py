@@ -91,6 +91,21 @@ def served(start: Policy, adapted: Policy, spec, db: Database, tuned: list[GemmP
             "winners": _geomean(fractions)}
 
 
+def ranked_among(policy: Policy, p, spec, keys) -> list:
+    """Every config of `keys` the policy can pick (`usable`), in `Policy.top_k`'s order: what a
+    replay offers, ranked as `tune` lists picks (past `top_k_order`'s first 8, by prediction)."""
+    import torch
+
+    configs = usable(policy, p, spec, keys)
+    if not configs:
+        return []
+    order = top_k_order(policy, p, spec, configs, first_choice(policy, p, spec, configs))
+    if len(order) < len(configs):
+        idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
+        order = list(dict.fromkeys(order + policy.predicted(p, spec, idx)[0].argsort(descending=True).tolist()))
+    return [configs[i] for i in order]
+
+
 def top_k_order(policy: Policy, p, spec, configs: list, first: int) -> list[int]:
     """`Policy.top_k`'s order on these configs: best predicted then one of each group
     (cost_model 1); the first pick then the others by probability (cost_model 0)."""

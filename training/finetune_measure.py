@@ -49,18 +49,9 @@ def _ranked(policy, problem, spec, known: dict, n: int, offered: set | None) -> 
     if offered is None:  # the first pick as `tune` takes it: a wider beam may rank another first
         picks = [pick.config for pick in policy.top_k(problem, spec, 1) + policy.top_k(problem, spec, len(known) + n)]
     else:
-        import torch
+        from training.adapt_replay import ranked_among
 
-        from training.adapt_replay import top_k_order
-        from training.guard import first_choice, usable
-
-        configs = usable(policy, problem, spec, offered)
-        if not configs:
-            return []
-        head = top_k_order(policy, problem, spec, configs, first_choice(policy, problem, spec, configs))
-        idx = torch.tensor([policy.model.space.index(c) for c in configs])[None]
-        by_pred = policy.predicted(problem, spec, idx)[0].argsort(descending=True).tolist()
-        picks = [configs[i] for i in dict.fromkeys(head + by_pred)]
+        picks = ranked_among(policy, problem, spec, offered)
     return [c for c in dict.fromkeys(picks) if c.key not in known][:n]
 
 

@@ -18,11 +18,11 @@ def start_picks(policy, problems: list, spec, offers=None) -> dict[str, str]:
             if picks:
                 out[p.key] = picks[0].config.key
             continue
-        from training.guard import first_choice, usable
+        from training.adapt_replay import ranked_among
 
-        configs = usable(policy, p, spec, offers(p))
-        if configs:
-            out[p.key] = configs[first_choice(policy, p, spec, configs)].key
+        ranked = ranked_among(policy, p, spec, offers(p))
+        if ranked:
+            out[p.key] = ranked[0].key
     return out
 
 

@@ -134,7 +134,8 @@ def run(args: TransferArgs) -> dict:
         jobs = [(m, b, s) for s in seeds for b in budgets for m in POLICIES]
         jobs += [(m, None, s) for s in seeds for m in SPEC_ONLY]
         jobs += [(m, b, s) for s in seeds for b in budgets if b for m in SEARCHES]
-        jobs = [job for job in jobs if job[0] in args.chosen_methods()]
+        chosen = args.chosen_methods()
+        jobs = [job for job in jobs if job[0] in chosen]
         deadline = monotonic() + args.time_limit * 60 if args.time_limit else float("inf")
         left, counts["runs"] = 0, 0
         for method, budget, seed in tqdm(jobs, desc=f"transfer to {spec.name}", unit="run"):

@@ -112,15 +112,11 @@ def _top8(policy, problem, spec, keys: set[str] | None) -> list:
     `Policy.top_k`, a config its fine-tune measured best for the problem comes first."""
     if keys is None:
         return [pick.config for pick in policy.top_k(problem, spec, 8)]
-    from training.adapt_replay import top_k_order
-    from training.guard import first_choice, usable
+    from training.adapt_replay import ranked_among
 
-    configs = usable(policy, problem, spec, keys)
-    if not configs:
-        return []
-    order = [configs[i] for i in top_k_order(policy, problem, spec, configs, first_choice(policy, problem, spec, configs))]
+    order = ranked_among(policy, problem, spec, keys)
     known = policy.measured.get(spec.name, {}).get(problem.key)
-    won = [c for c in configs if known and c.key == known[0]]
+    won = [c for c in order if known and c.key == known[0]]
     return (won + [c for c in order if c not in won])[:8]
 
 
